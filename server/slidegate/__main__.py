@@ -1,0 +1,3 @@
+from slidegate.cli import main
+
+main()

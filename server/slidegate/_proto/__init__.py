@@ -1,0 +1,1 @@
+"""Generated from protos/ by protos/generate.py: do not edit."""

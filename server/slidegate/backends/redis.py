@@ -1,0 +1,91 @@
+"""The Redis backend: every request's limits are decided by one Lua script call (EVALSHA).
+
+Connection errors and timeouts become BackendUnavailable within ``timeout`` seconds. Nothing is retried
+except a NOSCRIPT reply (after SCRIPT FLUSH or a Redis restart), which means the script did not run: a call
+that may have executed is never sent twice, so no hit is counted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError, RedisError
+
+from slidegate.backends.base import BackendUnavailable, Check, Decision, Outcome
+from slidegate.resources import lua_script
+
+
+def redact(url: str) -> str:
+    """``url`` with any password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+class RedisBackend:
+    """Sliding-window-log limits in one Redis (``redis://`` or ``rediss://`` URL).
+
+    ``timeout``: seconds allowed for one decision, connecting included (default 0.25 s).
+    """
+
+    def __init__(self, url: str, *, timeout: float = 0.25, algorithm: str = "sliding_window_log") -> None:
+        self._url = url
+        self._timeout = timeout
+        self._client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),  # a retried EVALSHA could count hits twice
+            health_check_interval=0,
+        )
+        self._script = lua_script(algorithm)
+        self._sha = hashlib.sha1(self._script.encode()).hexdigest()
+
+    def describe(self) -> str:
+        return f"redis at {redact(self._url)}"
+
+    async def decide(self, checks: Sequence[Check], now_us: int | None = None) -> Decision:
+        """Decide ``checks`` in one script call. Raises BackendUnavailable on any Redis failure or timeout."""
+        if not checks:
+            return Decision(True, [])
+        args: list[str | int] = ["" if now_us is None else now_us]
+        for c in checks:
+            args += (c.limit, c.window_us, min(c.hits, c.limit + 1))
+        keys = [c.key for c in checks]
+        try:
+            async with asyncio.timeout(self._timeout):
+                reply = await self._eval(keys, args)
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise BackendUnavailable(f"{self.describe()}: {type(exc).__name__}: {exc}") from exc
+        outcomes = [
+            Outcome(over=bool(reply[i]), remaining=int(reply[i + 1]), reset_us=int(reply[i + 2]))
+            for i in range(1, len(reply), 3)
+        ]
+        return Decision(admitted=bool(reply[0]), outcomes=outcomes)
+
+    async def _eval(self, keys: list[str], args: list[str | int]) -> list[int]:
+        try:
+            return await self._client.execute_command("EVALSHA", self._sha, len(keys), *keys, *args)  # type: ignore[no-any-return]
+        except NoScriptError:
+            # The script cache was flushed: NOSCRIPT means nothing ran, so loading and sending again is safe.
+            await self._client.execute_command("SCRIPT", "LOAD", self._script)
+            return await self._client.execute_command("EVALSHA", self._sha, len(keys), *keys, *args)  # type: ignore[no-any-return]
+
+    async def ping(self) -> None:
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._client.ping()
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise BackendUnavailable(f"{self.describe()}: {type(exc).__name__}: {exc}") from exc
+
+    async def close(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,17 @@
+"""Rate-limit configuration: the YAML format of envoyproxy/ratelimit, loaded into an immutable model."""
+
+from slidegate.config.errors import ConfigError, ConfigIssue
+from slidegate.config.loader import load_directory, load_file
+from slidegate.config.model import Config, DescriptorNode, DomainConfig, Level, RateLimit
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "ConfigIssue",
+    "DescriptorNode",
+    "DomainConfig",
+    "Level",
+    "RateLimit",
+    "load_directory",
+    "load_file",
+]

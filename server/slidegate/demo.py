@@ -1,0 +1,124 @@
+"""``slidegate demo``: real Envoy → slidegate → Redis on this machine, with traffic and what each request got.
+
+Starts slidegate with ``envoy/ratelimit/demo.yaml``, a tiny upstream and Envoy (``envoy/envoy.yaml`` on
+loopback), sends requests through Envoy, prints each status and x-ratelimit-* header, and stops everything it
+started. Exit code 0 when every request got the status the limits predict, 1 otherwise or when no Redis
+answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+
+import click
+import redis
+
+from slidegate import stack, upstream
+from slidegate.backends.redis import redact
+from slidegate.resources import resource_dir
+
+HEADERS = ("x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset")
+
+
+def _get(port: int, path: str) -> tuple[int, dict[str, str]]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return reply.status, {k.lower(): v for k, v in reply.headers.items()}
+    except urllib.error.HTTPError as reply:
+        return reply.code, {k.lower(): v for k, v in reply.headers.items()}
+
+
+def redis_answers(url: str) -> str | None:
+    """None when Redis at ``url`` answers PING within a second, else the reason."""
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except (redis.RedisError, OSError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@contextlib.contextmanager
+def running_stack(redis_url: str, log: Callable[[str], None]) -> Iterator[int]:
+    """Start upstream, slidegate and Envoy; yield Envoy's listener port; stop them all."""
+    envoy_port, admin_port, rls_port = stack.free_port(), stack.free_port(), stack.free_port()
+    web = upstream.start()
+    logs = tempfile.TemporaryFile()
+    processes = []
+    try:
+        log(f"upstream   http://127.0.0.1:{web.server_address[1]}")
+        processes.append(stack.start_slidegate(
+            resource_dir("envoy") / "ratelimit", rls_port, redis_url=redis_url,
+            key_prefix=f"demo-{uuid.uuid4().hex[:8]}:", log_file=logs,
+        ))
+        log(f"slidegate  grpc://127.0.0.1:{rls_port}  (storage: redis at {redact(redis_url)})")
+        config = stack.local_envoy_config(
+            listener_port=envoy_port, admin_port=admin_port, rls_port=rls_port,
+            upstream_port=web.server_address[1],
+        )
+        processes.append(stack.start_envoy(config, admin_port, log_file=logs))
+        log(f"envoy      http://127.0.0.1:{envoy_port}  (admin :{admin_port})")
+        yield envoy_port
+    except Exception:
+        logs.seek(0)
+        log(logs.read().decode(errors="replace")[-4000:])
+        raise
+    finally:
+        for process in reversed(processes):
+            stack.stop(process)
+        web.shutdown()
+        logs.close()
+
+
+def run_demo(redis_url: str, echo: Callable[[str], None] = click.echo) -> int:
+    """Run the demo; return the exit code."""
+    reason = redis_answers(redis_url)
+    if reason is not None:
+        echo(f"No Redis answers at {redact(redis_url)} ({reason}).")
+        echo("Start one (e.g. `redis-server --daemonize yes`) or point REDIS_URL at yours, then run again.")
+        return 1
+    mismatches = 0
+    with running_stack(redis_url, echo) as port:
+        count = 0
+
+        def send(path: str, expected: int) -> None:
+            nonlocal count, mismatches
+            count += 1
+            status, headers = _get(port, path)
+            shown = "  ".join(f"{h.removeprefix('x-ratelimit-')}={headers[h]}" for h in HEADERS if h in headers)
+            mark = "" if status == expected else f"   <-- expected {expected}"
+            mismatches += status != expected
+            echo(f"  #{count:<2} GET {path:<8} -> {status}  {shown}{mark}")
+
+        echo("\n1. /burst allows 3 requests in any rolling second:")
+        for expected in (200, 200, 200, 429, 429):
+            send("/burst", expected)
+        echo("   ...one second later the first three have left the window:")
+        time.sleep(1.05)
+        for expected in (200, 200, 200, 429):
+            send("/burst", expected)
+        echo("\n2. every client may send 10 requests in any rolling minute; rejected requests above counted")
+        echo("   nothing anywhere (all-or-nothing), so 6 of the 10 are used:")
+        for expected in (200, 200, 200, 200, 429, 429):
+            send("/hello", expected)
+    echo("")
+    if mismatches:
+        echo(f"{mismatches} request(s) did not get the expected status.")
+        return 1
+    echo("Every request got the status the limits predict. Stack stopped.")
+    return 0
+
+
+def default_redis_url() -> str:
+    return os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
