@@ -34,21 +34,31 @@ class ServeOptions:
     drain_seconds: float = 10.0
 
 
+async def start_server(limiter: Limiter, host: str, port: int) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
+    """Start a gRPC server with the rate-limit and health services on ``host:port``; return it, its health
+    servicer (statuses still unset) and the bound port. Raises OSError when the address cannot be bound."""
+    server = grpc.aio.server()
+    rls_pb2_grpc.add_RateLimitServiceServicer_to_server(RateLimitService(limiter), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    address = f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:  # grpcio raises RuntimeError, not OSError, for a port in use
+        raise OSError(f"cannot listen on {address}: {exc}") from exc
+    if bound == 0:
+        raise OSError(f"cannot listen on {address}")
+    await server.start()
+    return server, health_servicer, bound
+
+
 async def serve(options: ServeOptions, ready: asyncio.Event | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then stop accepting calls and let in-flight ones finish (at most
     ``drain_seconds``). Raises ConfigError for an invalid config and OSError when the port is taken."""
     config = load_directory(options.config_dir)
     backend: Backend = RedisBackend(options.redis_url, timeout=options.redis_timeout)
     limiter = Limiter(lambda: config, backend, key_prefix=options.key_prefix)
-    server = grpc.aio.server()
-    rls_pb2_grpc.add_RateLimitServiceServicer_to_server(RateLimitService(limiter), server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    address = f"{options.host}:{options.grpc_port}"
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"cannot listen on {address}")
-    await server.start()
+    server, health_servicer, port = await start_server(limiter, options.host, options.grpc_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

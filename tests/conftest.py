@@ -1,0 +1,123 @@
+"""Shared fixtures. Tests use the Redis at REDIS_URL (default 127.0.0.1:6379) when it answers, else a private
+redis-server started here; every test works under its own key prefix and never flushes a shared Redis."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import redis
+
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
+from slidegate.backends.redis import RedisBackend
+from slidegate.config import load_directory
+from slidegate.limiter import Limiter
+from slidegate.server import start_server
+from tests.redis_servers import INSTALL_HINT, RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+        client.ping()
+        client.close()
+        yield url
+        return
+    except (redis.RedisError, OSError):
+        pass
+    try:
+        server = RedisServer().start()
+    except RuntimeError as exc:
+        pytest.exit(f"no Redis at {url} and {exc}" if "not found" not in str(exc) else INSTALL_HINT, returncode=3)
+    yield server.url
+    server.cleanup()
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
+    """A prefix no other test uses; the test's keys are deleted afterwards."""
+    prefix = f"sgtest-{uuid.uuid4().hex[:12]}:"
+    yield prefix
+    keys = list(redis_client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        redis_client.delete(*keys)
+
+
+@pytest.fixture
+def private_redis() -> Iterator[RedisServer]:
+    """A redis-server of the test's own, already started; the test may stop and start it."""
+    server = RedisServer().start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def write_config(tmp_path: Path) -> Callable[..., Path]:
+    """``write_config(yaml_text, name="config.yaml")`` writes a config file into a fresh directory and returns
+    the directory."""
+    directory = tmp_path / "config"
+    directory.mkdir()
+
+    def write(text: str, name: str = "config.yaml") -> Path:
+        (directory / name).write_text(textwrap.dedent(text))
+        return directory
+
+    return write
+
+
+class Clock:
+    """An injectable clock in microseconds."""
+
+    def __init__(self, now_us: int = 1_700_000_000_000_000) -> None:
+        self.now_us = now_us
+
+    def __call__(self) -> int:
+        return self.now_us
+
+    def advance(self, seconds: float) -> None:
+        self.now_us += round(seconds * 1_000_000)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+async def rls(
+    write_config: Callable[..., Path], redis_url: str, key_prefix: str, clock: Clock
+) -> AsyncIterator[Callable[..., rls_pb2_grpc.RateLimitServiceStub]]:
+    """``rls(yaml_text, redis_url=None, timeout=0.25, clock=True)`` starts an in-process gRPC service on
+    a free port and returns a stub for it."""
+    started: list[tuple[grpc.aio.Server, RedisBackend, grpc.aio.Channel]] = []
+
+    async def start(
+        text: str, *, url: str | None = None, timeout: float = 0.25, use_clock: bool = True
+    ) -> rls_pb2_grpc.RateLimitServiceStub:
+        config = load_directory(write_config(text))
+        backend = RedisBackend(url or redis_url, timeout=timeout)
+        limiter = Limiter(lambda: config, backend, key_prefix=key_prefix, clock=clock if use_clock else None)
+        server, _, port = await start_server(limiter, "127.0.0.1", 0)
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        started.append((server, backend, channel))
+        return rls_pb2_grpc.RateLimitServiceStub(channel)
+
+    yield start
+    for server, backend, channel in started:
+        await channel.close()
+        await server.stop(0)
+        await backend.close()

@@ -1,0 +1,27 @@
+"""Building RLS requests in tests."""
+
+from __future__ import annotations
+
+from slidegate._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
+
+Entries = list[tuple[str, str]]
+
+
+def descriptor(*entries: tuple[str, str], hits: int | None = None) -> ratelimit_pb2.RateLimitDescriptor:
+    out = ratelimit_pb2.RateLimitDescriptor(
+        entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries]
+    )
+    if hits is not None:
+        out.hits_addend.value = hits
+    return out
+
+
+def request(
+    domain: str, *descriptors: ratelimit_pb2.RateLimitDescriptor, hits_addend: int = 0
+) -> rls_pb2.RateLimitRequest:
+    return rls_pb2.RateLimitRequest(domain=domain, descriptors=list(descriptors), hits_addend=hits_addend)
+
+
+OK = rls_pb2.RateLimitResponse.OK
+OVER_LIMIT = rls_pb2.RateLimitResponse.OVER_LIMIT

@@ -1,0 +1,140 @@
+"""The gRPC service in-process against real Redis: validation, answers, Redis failures."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
+from slidegate.stack import free_port
+from tests.conftest import Clock
+from tests.helpers import OK, OVER_LIMIT, descriptor, request
+from tests.redis_servers import RedisServer
+
+CONFIG = """
+domain: api
+descriptors:
+  - key: client
+    rate_limit: {unit: minute, requests_per_unit: 2, name: per-client}
+  - key: plan
+    value: free
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: plan
+    value: gold
+    rate_limit: {unlimited: true}
+  - key: week
+    rate_limit: {unit: week, requests_per_unit: 5}
+"""
+
+Start = Callable[..., Any]
+
+
+async def test_statuses_in_request_order(rls: Start, clock: Clock) -> None:
+    stub = await rls(CONFIG)
+    reply = await stub.ShouldRateLimit(request(
+        "api", descriptor(("nothing", "x")), descriptor(("client", "c1")), descriptor(("plan", "gold")),
+        descriptor(("week", "w")),
+    ))
+    assert reply.overall_code == OK
+    nothing, client, gold, week = reply.statuses
+    assert nothing == rls_pb2.RateLimitResponse.DescriptorStatus(code=OK)
+    assert client.code == OK and client.limit_remaining == 1
+    assert (client.current_limit.requests_per_unit, client.current_limit.unit, client.current_limit.name) == (
+        2, rls_pb2.RateLimitResponse.RateLimit.MINUTE, "per-client",
+    )
+    assert (client.duration_until_reset.seconds, client.duration_until_reset.nanos) == (60, 0)
+    assert not gold.HasField("current_limit") and gold.limit_remaining == 4294967295 and gold.code == OK
+    assert week.current_limit.unit == rls_pb2.RateLimitResponse.RateLimit.WEEK == 7
+
+
+async def test_over_limit_answer(rls: Start, clock: Clock) -> None:
+    stub = await rls(CONFIG)
+    for _ in range(2):
+        clock.advance(0.25)
+        assert (await stub.ShouldRateLimit(request("api", descriptor(("client", "c"))))).overall_code == OK
+    clock.advance(0.25)
+    reply = await stub.ShouldRateLimit(request("api", descriptor(("plan", "free")), descriptor(("client", "c"))))
+    assert reply.overall_code == OVER_LIMIT
+    free, client = reply.statuses
+    assert (free.code, free.limit_remaining) == (OK, 1)  # nothing recorded: its room is unchanged
+    assert (client.code, client.limit_remaining) == (OVER_LIMIT, 0)
+    # the first hit (0.5 s ago) leaves in 59.5 s
+    assert (client.duration_until_reset.seconds, client.duration_until_reset.nanos) == (59, 500_000_000)
+
+
+async def test_unknown_domain_is_ok_without_limit(rls: Start) -> None:
+    stub = await rls(CONFIG)
+    reply = await stub.ShouldRateLimit(request("nope", descriptor(("client", "c")), descriptor()))
+    assert reply.overall_code == OK
+    assert list(reply.statuses) == [rls_pb2.RateLimitResponse.DescriptorStatus(code=OK)] * 2
+
+
+async def test_empty_entries_mean_no_limit(rls: Start) -> None:
+    stub = await rls(CONFIG)
+    reply = await stub.ShouldRateLimit(request("api", descriptor()))
+    assert reply.overall_code == OK and not reply.statuses[0].HasField("current_limit")
+
+
+@pytest.mark.parametrize(
+    ("req", "reason"),
+    [
+        (request("", descriptor(("client", "c"))), "rate limit domain must not be empty"),
+        (request("api"), "rate limit descriptor list must not be empty"),
+    ],
+)
+async def test_invalid_request(rls: Start, req: rls_pb2.RateLimitRequest, reason: str) -> None:
+    stub = await rls(CONFIG)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.ShouldRateLimit(req)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == reason
+
+
+async def test_redis_down_is_unavailable_in_bounded_time_then_recovers(
+    rls: Start, private_redis: RedisServer
+) -> None:
+    stub = await rls(CONFIG, url=private_redis.url, timeout=0.2, use_clock=False)
+    req = request("api", descriptor(("client", "c")))
+    assert (await stub.ShouldRateLimit(req)).overall_code == OK
+    private_redis.stop()
+    for _ in range(3):
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.ShouldRateLimit(req, timeout=5)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "rate limit storage unavailable" in (caught.value.details() or "")
+        assert time.monotonic() - started < 1.0
+    private_redis.start()  # same port, empty: the service reconnects by itself
+    reply = await stub.ShouldRateLimit(req)
+    assert reply.overall_code == OK and reply.statuses[0].limit_remaining == 1
+
+
+async def test_redis_that_never_answers_is_bounded(rls: Start) -> None:
+    # a TCP server that accepts and reads but never replies: the call must still end within the timeout
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(-1)
+
+    listener = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        stub = await rls(CONFIG, url=f"redis://127.0.0.1:{port}/0", timeout=0.2, use_clock=False)
+        for _ in range(2):
+            started = time.monotonic()
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.ShouldRateLimit(request("api", descriptor(("client", "c"))), timeout=5)
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert time.monotonic() - started < 1.0
+    finally:
+        listener.close()
+
+
+async def test_refused_connection_is_unavailable(rls: Start) -> None:
+    stub = await rls(CONFIG, url=f"redis://127.0.0.1:{free_port()}/0", timeout=0.2, use_clock=False)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.ShouldRateLimit(request("api", descriptor(("client", "c"))), timeout=5)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
