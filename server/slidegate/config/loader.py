@@ -184,35 +184,42 @@ def _parse_descriptors(f: _File, node: yaml.Node, field: str, level: Level, doma
             f.issue(item, here, f"duplicate descriptor composite key '{domain}.{composite}'")
 
 
-def load_file(path: str | Path) -> DomainConfig:
-    """Load one YAML file (one domain). Raises ConfigError listing every problem found."""
-    path = Path(path)
+def _parse_file(path: Path) -> tuple[DomainConfig, int, list[ConfigIssue]]:
+    """Parse one file; return its config (possibly partial), the line of its domain and every issue."""
     f = _File(str(path))
+    config = DomainConfig(domain="", root=Level(), source=str(path))
     try:
         text = path.read_text(encoding="utf-8")
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except OSError as exc:
-        raise ConfigError([ConfigIssue(str(path), 0, "", f"cannot read file: {exc.strerror or exc}")]) from exc
+        return config, 0, [ConfigIssue(str(path), 0, "", f"cannot read file: {exc.strerror or exc}")]
     except UnicodeDecodeError as exc:
-        raise ConfigError([ConfigIssue(str(path), 0, "", f"not UTF-8 text: {exc.reason}")]) from exc
+        return config, 0, [ConfigIssue(str(path), 0, "", f"not UTF-8 text: {exc.reason}")]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 0
         reason = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError([ConfigIssue(str(path), line, "", f"invalid YAML: {reason}")]) from exc
+        return config, 0, [ConfigIssue(str(path), line, "", f"invalid YAML: {reason}")]
     if root is None:
-        raise ConfigError([ConfigIssue(str(path), 0, "domain", "is required (the file is empty)")])
+        return config, 0, [ConfigIssue(str(path), 0, "domain", "is required (the file is empty)")]
     fields = f.mapping(root, "", _TOP_KEYS)
-    domain = None
+    line = 0
     if fields is not None:
-        domain = f.string(fields["domain"], "domain") if "domain" in fields else None
-        if not domain:
-            f.issue(fields.get("domain", root), "domain", "is required and must not be empty")
-    config = DomainConfig(domain=domain or "", root=Level(), source=str(path))
-    if fields is not None and "descriptors" in fields:
-        _parse_descriptors(f, fields["descriptors"], "descriptors", config.root, domain or "")
-    if f.issues:
-        raise ConfigError(f.issues)
+        domain_node = fields.get("domain", root)
+        line = domain_node.start_mark.line + 1
+        config.domain = (f.string(domain_node, "domain") if "domain" in fields else None) or ""
+        if not config.domain:
+            f.issue(domain_node, "domain", "is required and must not be empty")
+        if "descriptors" in fields:
+            _parse_descriptors(f, fields["descriptors"], "descriptors", config.root, config.domain)
+    return config, line, f.issues
+
+
+def load_file(path: str | Path) -> DomainConfig:
+    """Load one YAML file (one domain). Raises ConfigError listing every problem found."""
+    config, _, issues = _parse_file(Path(path))
+    if issues:
+        raise ConfigError(issues)
     return config
 
 
@@ -235,14 +242,13 @@ def load_directory(directory: str | Path) -> Config:
     issues: list[ConfigIssue] = []
     domains: dict[str, DomainConfig] = {}
     for path in config_files(directory):
-        try:
-            config = load_file(path)
-        except ConfigError as exc:
-            issues.extend(exc.issues)
+        config, line, file_issues = _parse_file(path)
+        issues.extend(file_issues)
+        if not config.domain:
             continue
         if config.domain in domains:
             issues.append(ConfigIssue(
-                str(path), 0, "domain",
+                str(path), line, "domain",
                 f"duplicate domain '{config.domain}' (also in {domains[config.domain].source})",
             ))
             continue
