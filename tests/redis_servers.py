@@ -35,7 +35,7 @@ class RedisServer:
     def start(self) -> RedisServer:
         args = [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--dir", self.dir, "--logfile", str(Path(self.dir) / "redis.log"),
+            "--enable-debug-command", "local", "--dir", self.dir, "--logfile", str(Path(self.dir) / "redis.log"),
         ]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)

@@ -1,0 +1,26 @@
+"""`slidegate demo`, the main job: real Envoy → slidegate → Redis, and the statuses the limits predict."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from slidegate.stack import free_port
+
+
+def test_demo_runs_and_every_request_gets_the_predicted_status(redis_url: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "slidegate", "demo", "--redis-url", redis_url],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "GET /burst   -> 429" in out and "GET /hello   -> 429" in out
+    assert out.count("-> 200") == 10 and out.count("-> 429") == 5
+    assert "Every request got the status the limits predict. Stack stopped." in out
+
+
+def test_demo_without_redis_says_so_and_fails() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    done = subprocess.run([sys.executable, "-m", "slidegate", "demo", "--redis-url", url],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stdout.startswith(f"No Redis answers at {url} (ConnectionError:")

