@@ -6,18 +6,18 @@ from __future__ import annotations
 import os
 import textwrap
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 import redis
-
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import load_directory
 from slidegate.limiter import Limiter
 from slidegate.server import start_server
+
 from tests.redis_servers import INSTALL_HINT, RedisServer
 
 
@@ -100,7 +100,7 @@ def clock() -> Clock:
 @pytest.fixture
 async def rls(
     write_config: Callable[..., Path], redis_url: str, key_prefix: str, clock: Clock
-) -> AsyncIterator[Callable[..., rls_pb2_grpc.RateLimitServiceStub]]:
+) -> AsyncIterator[Callable[..., Awaitable[rls_pb2_grpc.RateLimitServiceStub]]]:
     """``rls(yaml_text, redis_url=None, timeout=0.25, clock=True)`` starts an in-process gRPC service on
     a free port and returns a stub for it."""
     started: list[tuple[grpc.aio.Server, RedisBackend, grpc.aio.Channel]] = []
@@ -118,6 +118,6 @@ async def rls(
 
     yield start
     for server, backend, channel in started:
-        await channel.close()
+        await channel.close(None)
         await server.stop(0)
         await backend.close()

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from google.protobuf import descriptor as _d
 
-
-def describe_message(desc: _d.Descriptor, out: dict[str, Any]) -> None:
+def describe_message(desc: Any, out: dict[str, Any]) -> None:  # a protobuf Descriptor (python or upb)
     """Add ``desc``, its enums and nested messages to ``out``: {full name: {field: [number, type, repeated,
     type name]}} and {enum full name: {value name: number}}."""
     out[desc.full_name] = {

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-
 from slidegate import stack
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
+
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
 
 CONFIG = """
@@ -51,7 +51,7 @@ async def test_exactly_the_limit_is_admitted(servers: list[int], run: int) -> No
     try:
         await asyncio.gather(*(client(c) for c in channels))
     finally:
-        await asyncio.gather(*(c.close() for c in channels))
+        await asyncio.gather(*(c.close(None) for c in channels))
     assert len(codes) == 1000
     assert codes.count(OK) == 100
     assert codes.count(OVER_LIMIT) == 900

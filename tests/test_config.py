@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from slidegate.cli import main
 from slidegate.config import ConfigError, RateLimit, load_directory
 from slidegate.units import Unit

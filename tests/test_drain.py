@@ -9,15 +9,15 @@ from pathlib import Path
 
 import grpc
 import redis
-
 from slidegate import stack
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
+
 from tests.helpers import OK, descriptor, request
 from tests.redis_servers import RedisServer
 
 
 async def test_sigterm_drains_in_flight_calls(write_config: Callable[..., Path], private_redis: RedisServer) -> None:
-    directory = write_config("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 9}\n")
+    directory = write_config("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 9}")
     port = stack.free_port()
     process = stack.start_slidegate(directory, port, redis_url=private_redis.url, extra_args=("--redis-timeout", "3s"))
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:

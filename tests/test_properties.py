@@ -9,9 +9,9 @@ import uuid
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from slidegate.backends.base import Check
 from slidegate.backends.redis import RedisBackend
+
 from tests.models import SlidingWindowLogModel
 
 LIMITS = [(1, 500_000), (3, 1_000_000), (5, 2_000_000), (0, 1_000_000), (8, 10_000_000)]  # (limit, window us)

@@ -16,13 +16,12 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from envoy.type.v3 import ratelimit_unit_pb2
 from google.protobuf import json_format
 from google.protobuf.unknown_fields import UnknownFieldSet
-
 from proto_shapes import describe_message  # beside this file: run as a script, not as tests.xds_side
 
 
 def unknown(message: Any) -> list[list[Any]]:
     return [[f.field_number, f.wire_type, f.data.hex() if isinstance(f.data, bytes) else f.data]
-            for f in UnknownFieldSet(message)]
+            for f in UnknownFieldSet(message)]  # type: ignore[attr-defined]  # iterable at run time
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ def parse_duration(text: str) -> float:
     return value / 1000 if match.group(2) == "ms" else value
 
 
-class _Duration(click.ParamType):
+class _Duration(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click stubs
     name = "duration"
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:

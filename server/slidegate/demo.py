@@ -54,7 +54,7 @@ def running_stack(redis_url: str, log: Callable[[str], None]) -> Iterator[int]:
     """Start upstream, slidegate and Envoy; yield Envoy's listener port; stop them all."""
     envoy_port, admin_port, rls_port = stack.free_port(), stack.free_port(), stack.free_port()
     web = upstream.start()
-    logs = tempfile.TemporaryFile()
+    logs = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
     processes = []
     try:
         log(f"upstream   http://127.0.0.1:{web.server_address[1]}")

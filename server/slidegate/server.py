@@ -8,7 +8,8 @@ import signal
 from dataclasses import dataclass
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
 from slidegate.backends.base import Backend, BackendUnavailable
@@ -34,12 +35,12 @@ class ServeOptions:
     drain_seconds: float = 10.0
 
 
-async def start_server(limiter: Limiter, host: str, port: int) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
+async def start_server(limiter: Limiter, host: str, port: int) -> tuple[grpc.aio.Server, HealthServicer, int]:
     """Start a gRPC server with the rate-limit and health services on ``host:port``; return it, its health
     servicer (statuses still unset) and the bound port. Raises OSError when the address cannot be bound."""
     server = grpc.aio.server()
     rls_pb2_grpc.add_RateLimitServiceServicer_to_server(RateLimitService(limiter), server)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     address = f"{host}:{port}"
     try:

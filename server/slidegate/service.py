@@ -20,6 +20,9 @@ OK = rls_pb2.RateLimitResponse.OK
 OVER_LIMIT = rls_pb2.RateLimitResponse.OVER_LIMIT
 
 
+Context = grpc.aio.ServicerContext[rls_pb2.RateLimitRequest, rls_pb2.RateLimitResponse]
+
+
 class InvalidRequest(ValueError):
     """A request the service cannot decide; the message is sent back with INVALID_ARGUMENT."""
 
@@ -68,7 +71,7 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):
         self._limiter = limiter
 
     async def ShouldRateLimit(  # noqa: N802 - the gRPC method name
-        self, request: rls_pb2.RateLimitRequest, context: grpc.aio.ServicerContext
+        self, request: rls_pb2.RateLimitRequest, context: Context
     ) -> rls_pb2.RateLimitResponse:
         try:
             domain, descriptors = parse_request(request)

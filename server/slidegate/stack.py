@@ -130,8 +130,7 @@ def start_slidegate(
 
 def start_envoy(config_text: str, admin_port: int, *, log_file: Any = None) -> subprocess.Popen[bytes]:
     """Start Envoy with ``config_text`` and wait until it is ready. Raises TimeoutError."""
-    handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="slidegate-envoy-", delete=False)
-    with handle:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="slidegate-envoy-", delete=False) as handle:
         handle.write(config_text)
     args = [
         envoy_binary(), "-c", handle.name, "--use-dynamic-base-id",

@@ -19,7 +19,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
-    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _answer
+    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _answer  # noqa: N815 - http.server's handler names
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
         pass

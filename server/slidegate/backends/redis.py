@@ -74,11 +74,12 @@ class RedisBackend:
 
     async def _eval(self, keys: list[str], args: list[str | int]) -> list[int]:
         try:
-            return await self._client.execute_command("EVALSHA", self._sha, len(keys), *keys, *args)  # type: ignore[no-any-return]
+            reply: list[int] = await self._client.execute_command("EVALSHA", self._sha, len(keys), *keys, *args)
         except NoScriptError:
             # The script cache was flushed: NOSCRIPT means nothing ran, so loading and sending again is safe.
             await self._client.execute_command("SCRIPT", "LOAD", self._script)
-            return await self._client.execute_command("EVALSHA", self._sha, len(keys), *keys, *args)  # type: ignore[no-any-return]
+            reply = await self._client.execute_command("EVALSHA", self._sha, len(keys), *keys, *args)
+        return reply
 
     async def ping(self) -> None:
         try:

@@ -1,0 +1,16 @@
+# slidegate: the rate-limit service image (also runs the demo upstream in docker-compose.yml).
+FROM python:3.11-slim
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY server ./server
+COPY lua ./lua
+COPY envoy ./envoy
+COPY protos ./protos
+RUN pip install --no-cache-dir . && rm -rf /src
+
+WORKDIR /
+USER nobody
+EXPOSE 8081
+ENTRYPOINT ["slidegate"]
+CMD ["serve", "--config", "/etc/slidegate/config"]
