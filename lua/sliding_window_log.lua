@@ -1,156 +1,129 @@
--- sliding_window_log.lua: an exact sliding-window log, deciding every limited descriptor of one
--- ShouldRateLimit call at once, all-or-nothing.
+-- sliding_window_log.lua: an exact sliding-window log (part of the script built from decide.lua).
 --
--- KEYS[i]   one sorted set per limit (i = 1..n). Members are admitted requests, scored by their time
---           in microseconds: "<t>:<seq>" holds one hit, "<t>:<seq>:<h>" holds h hits. <seq> numbers the
---           members recorded at the same microsecond, so two hits at one instant are two members.
---           The member "#" scored -total keeps the number of hits in the window (scores of hits are > 0,
---           so it is never pruned); a key holding no hits is deleted.
--- ARGV[1]   now in microseconds since the epoch, or "" to use Redis TIME (one clock for all replicas).
--- ARGV[2+3(i-1)..]  for limit i: limit (hits per window), window (microseconds), hits (0 = check only;
---           the caller clamps hits to limit + 1, since any larger value is equally over limit).
---
--- A hit recorded at t counts while now - t < window. The request is admitted only when every limit has
--- room for its hits (total + hits <= limit); then its hits are recorded in every limit, otherwise nothing
--- is recorded anywhere.
---
--- Reply: { admitted (0|1), then for each limit i: over (0|1), remaining, reset (microseconds) }.
---   within limit: reset = time until the oldest counted hit leaves the window (0 when nothing is counted);
---   over limit:   reset = time until this request's hits would fit (one window when hits > limit).
+-- Parameters: p1 = limit (hits per window), p2 = window (microseconds), p3 unused.
+-- Key: a sorted set. Each admitted request is a member scored by its time in microseconds: "<t>:<seq>"
+--   holds one hit, "<t>:<seq>:<h>" holds h hits; <seq> numbers the members recorded at the same
+--   microsecond, so two hits at one instant are two hits. The member "#" is scored -(hits counted): hit
+--   scores are > 0, so it is never pruned. A key with no hits left is deleted.
+-- A hit recorded at t counts while now - t < window. Memory: one member per admitted request in the
+--   window, so at most `limit` members.
+-- Negative hits give back the newest hits first.
 
-local function fmt(x)
-  -- Lua would print large numbers as 1.7e+15; Redis needs every digit.
-  return string.format('%.0f', x)
-end
-
-local function weight(member)
+local function log_weight(member)
   local h = string.match(member, '^%d+:%d+:(%d+)$')
   if h then return tonumber(h) end
   return 1
 end
 
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
-local n = #KEYS
-local totals = {}   -- key -> hits counted, including hits of earlier limits of this request on that key
-local result = {1}
-local admitted = 1
-
-for i = 1, n do
-  local key = KEYS[i]
-  local base = 2 + (i - 1) * 3
-  local limit = tonumber(ARGV[base])
-  local window = tonumber(ARGV[base + 1])
-  local hits = tonumber(ARGV[base + 2])
-  local cutoff = now - window
-
-  local total = totals[key]
-  if total == nil then
-    local expired = redis.call('ZRANGEBYSCORE', key, 0, fmt(cutoff))
+algorithms.sliding_window_log = {
+  load = function(key, limit, window, _, now)
+    local cutoff = fmt(now - window)
+    local expired = redis.call('ZRANGEBYSCORE', key, 0, cutoff)
     local stored = redis.call('ZSCORE', key, '#')
+    local total
     if stored then
       total = -tonumber(stored)
     else
-      -- no counter: the key is new (or was edited by hand); count what is there
-      total = 0
-      for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, 0, '+inf')) do total = total + weight(m) end
-      if total > 0 then redis.call('ZADD', key, fmt(-total), '#') end
+      total = 0  -- a new key (or one edited by hand): count what is there
+      for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, 0, '+inf')) do total = total + log_weight(m) end
     end
     if #expired > 0 then
-      for _, m in ipairs(expired) do total = total - weight(m) end
-      redis.call('ZREMRANGEBYSCORE', key, 0, fmt(cutoff))
-      if total <= 0 then
-        total = 0
-        redis.call('DEL', key)
-      else
-        redis.call('ZADD', key, fmt(-total), '#')
-      end
+      for _, m in ipairs(expired) do total = total - log_weight(m) end
+      redis.call('ZREMRANGEBYSCORE', key, 0, cutoff)
     end
-  end
+    if total <= 0 then
+      total = 0
+      redis.call('DEL', key)
+    elseif #expired > 0 or not stored then
+      redis.call('ZADD', key, fmt(-total), '#')
+    end
+    local oldest = redis.call('ZRANGE', key, 1, 1, 'WITHSCORES')
+    return {
+      key = key, limit = limit, window = window, total = total, pend = 0, give = 0,
+      oldest = oldest[2] and tonumber(oldest[2]) or nil,
+    }
+  end,
 
-  local over = 0
-  local reset = 0
-  if total + hits > limit then
-    over = 1
-    admitted = 0
-    local need = total + hits - limit   -- hits that must leave the window first
-    if hits > limit then
-      reset = window
-    else
-      -- walk the oldest members (rank 0 is "#") until enough hits have left
-      local freed = 0
-      local rank = 1
-      while freed < need do
-        local batch = redis.call('ZRANGE', key, rank, rank + 63, 'WITHSCORES')
-        if #batch == 0 then
-          -- the rest are hits of this request's earlier limits, recorded now
-          reset = window
+  evaluate = function(st, hits, now)
+    local function counted() return st.total - st.give + st.pend end
+    local function reset()
+      if st.oldest and st.give < st.total then return st.oldest + st.window - now end
+      if st.pend > 0 then return st.window end
+      return 0
+    end
+    local rem_before = math.max(0, st.limit - counted())
+    local reset_before = reset()
+    if hits < 0 then
+      local g = -hits
+      local take = math.min(g, st.pend)
+      st.pend = st.pend - take
+      st.give = math.min(st.total, st.give + g - take)
+      return 0, rem_before, reset_before, math.max(0, st.limit - counted()), reset(), 0
+    end
+    if counted() + hits > st.limit then
+      local over_reset = st.window
+      if hits <= st.limit then
+        -- walk the oldest stored hits (rank 0 is "#") until enough have left the window
+        local need = counted() + hits - st.limit
+        local keep = st.total - st.give
+        local freed, rank = 0, 1
+        while freed < need and freed < keep do
+          local batch = redis.call('ZRANGE', st.key, rank, rank + 63, 'WITHSCORES')
+          if #batch == 0 then break end
+          for j = 1, #batch, 2 do
+            freed = freed + log_weight(batch[j])
+            if freed >= need then
+              over_reset = tonumber(batch[j + 1]) + st.window - now
+              break
+            end
+            if freed >= keep then break end
+          end
+          rank = rank + 64
+        end
+      end
+      return 1, rem_before, reset_before, 0, 0, over_reset
+    end
+    st.pend = st.pend + hits
+    return 0, rem_before, reset_before, math.max(0, st.limit - counted()), reset(), 0
+  end,
+
+  save = function(st, now)
+    local key = st.key
+    local give = st.give
+    while give > 0 do
+      -- newest first; a member heavier than what is left to give back keeps the difference
+      local newest = redis.call('ZREVRANGEBYSCORE', key, '+inf', 1, 'WITHSCORES', 'LIMIT', 0, 64)
+      if #newest == 0 then break end
+      for j = 1, #newest, 2 do
+        local w = log_weight(newest[j])
+        redis.call('ZREM', key, newest[j])
+        if w > give then
+          local t, seq = string.match(newest[j], '^(%d+):(%d+)')
+          local rest = w - give
+          local member = t .. ':' .. seq
+          if rest > 1 then member = member .. ':' .. fmt(rest) end
+          redis.call('ZADD', key, newest[j + 1], member)
+          give = 0
           break
         end
-        for j = 1, #batch, 2 do
-          freed = freed + weight(batch[j])
-          if freed >= need then
-            reset = tonumber(batch[j + 1]) + window - now
-            break
-          end
-        end
-        rank = rank + 64
+        give = give - w
+        if give == 0 then break end
       end
     end
-  end
-  totals[key] = total + hits
-  result[#result + 1] = over
-  result[#result + 1] = over == 1 and 0 or (limit - total - hits)
-  result[#result + 1] = reset
-end
-
-if admitted == 1 then
-  local snow = fmt(now)
-  for i = 1, n do
-    local key = KEYS[i]
-    local base = 2 + (i - 1) * 3
-    local window = tonumber(ARGV[base + 1])
-    local hits = tonumber(ARGV[base + 2])
-    if hits > 0 then
+    local total = st.total - st.give
+    if st.pend > 0 then
+      local snow = fmt(now)
       local seq = redis.call('ZCOUNT', key, snow, snow)
       local member = snow .. ':' .. seq
-      if hits > 1 then member = member .. ':' .. fmt(hits) end
+      if st.pend > 1 then member = member .. ':' .. fmt(st.pend) end
       redis.call('ZADD', key, snow, member)
-      redis.call('ZINCRBY', key, fmt(-hits), '#')
-      redis.call('PEXPIRE', key, fmt(math.ceil(window / 1000)))
+      total = total + st.pend
     end
-  end
-  -- within limit: the oldest counted hit decides when the window frees up
-  for i = 1, n do
-    local key = KEYS[i]
-    local window = tonumber(ARGV[2 + (i - 1) * 3 + 1])
-    local oldest = redis.call('ZRANGE', key, 1, 1, 'WITHSCORES')
-    if #oldest > 0 then
-      result[1 + (i - 1) * 3 + 3] = tonumber(oldest[2]) + window - now
+    if total <= 0 then
+      redis.call('DEL', key)
+    elseif st.pend > 0 or st.give > 0 then
+      redis.call('ZADD', key, fmt(-total), '#')
+      if st.pend > 0 then pexpire_us(key, st.window) end
     end
-  end
-else
-  result[1] = 0
-  -- rejected: limits that had room report when their oldest counted hit leaves
-  for i = 1, n do
-    if result[1 + (i - 1) * 3 + 1] == 0 then
-      local key = KEYS[i]
-      local window = tonumber(ARGV[2 + (i - 1) * 3 + 1])
-      local oldest = redis.call('ZRANGE', key, 1, 1, 'WITHSCORES')
-      if #oldest > 0 then
-        result[1 + (i - 1) * 3 + 3] = tonumber(oldest[2]) + window - now
-      end
-      -- nothing was recorded, so the remaining room does not include this request's hits
-      local base = 2 + (i - 1) * 3
-      result[1 + (i - 1) * 3 + 2] = result[1 + (i - 1) * 3 + 2] + tonumber(ARGV[base + 2])
-    end
-  end
-end
-
-return result
+  end,
+}

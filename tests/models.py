@@ -1,58 +1,169 @@
-"""Plain-Python reference models of the algorithms, written for clarity, not speed."""
+"""Plain-Python reference models of the algorithms, written for clarity, not speed, and independently of the
+Lua scripts and the memory backend. ``decide`` follows the contract of lua/decide.lua: checks are evaluated
+in order (a limit named twice sees the earlier hits), all-or-nothing, fixed windows count denied hits."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
+from fractions import Fraction
 
 
 @dataclass
-class ModelOutcome:
+class Answer:
     over: bool
     remaining: int
     reset_us: int
 
 
-class SlidingWindowLogModel:
-    """An exact sliding-window log: a hit made at t counts while now - t < window."""
+@dataclass
+class Check:
+    key: str
+    algorithm: str
+    limit: int
+    window: int  # microseconds
+    hits: int  # negative: give back
+    burst: int | None = None
+    stop_when_over: bool = False
 
+
+class Model:
     def __init__(self) -> None:
-        self.log: dict[str, list[tuple[int, int]]] = defaultdict(list)  # key -> [(time us, hits)]
+        self.log: dict[str, list[list[int]]] = defaultdict(list)  # key -> [[time, hits]] oldest first
+        self.windows: dict[str, dict[int, int]] = defaultdict(dict)  # key -> window index -> hits
+        self.buckets: dict[str, tuple[Fraction, int]] = {}  # key -> (tokens, time of last update)
 
-    def _live(self, key: str, now: int, window: int) -> list[tuple[int, int]]:
-        self.log[key] = [(t, h) for t, h in self.log[key] if now - t < window]
-        return sorted(self.log[key])
+    # --- the state of one limit as seen by one check, and what applying hits does to it -----------------
 
-    def decide(self, now: int, checks: list[tuple[str, int, int, int]]) -> tuple[bool, list[ModelOutcome]]:
-        """``checks``: (key, limit, window us, hits). All-or-nothing."""
-        outcomes: list[ModelOutcome] = []
-        pending: dict[str, int] = {}
-        for key, limit, window, hits in checks:
-            live = self._live(key, now, window)
-            total = pending.get(key, sum(h for _, h in live))
-            if total + hits > limit:
-                reset = window
-                if hits <= limit:
-                    freed = 0
-                    for t, h in live:
-                        freed += h
-                        if freed >= total + hits - limit:
-                            reset = t + window - now
-                            break
-                outcomes.append(ModelOutcome(True, 0, reset))
+    def _tokens(self, c: Check, now: int) -> Fraction:
+        burst = c.limit if c.burst is None else c.burst
+        if c.key not in self.buckets:
+            return Fraction(burst)
+        tokens, then = self.buckets[c.key]
+        if c.limit and now > then:
+            tokens += Fraction(now - then) * c.limit / c.window
+        return min(tokens, Fraction(burst))
+
+    def _view(self, c: Check, now: int) -> tuple[int, int]:
+        """(remaining, reset) for the state as it stands."""
+        if c.algorithm == "sliding_window_log":
+            live = [e for e in self.log[c.key] if now - e[0] < c.window]
+            counted = sum(h for _, h in live)
+            reset = live[0][0] + c.window - now if live else 0
+            return max(0, c.limit - counted), reset
+        if c.algorithm == "sliding_window_counter":
+            idx, e = divmod(now, c.window)
+            cur, prev = self.windows[c.key].get(idx, 0), self.windows[c.key].get(idx - 1, 0)
+            weighted = float(prev) * float(c.window - e) / float(c.window)
+            return max(0, math.floor(float(c.limit - cur) - weighted)), (c.window - e if cur or prev else 0)
+        if c.algorithm == "fixed_window":
+            idx, e = divmod(now, c.window)
+            return max(0, c.limit - self.windows[c.key].get(idx, 0)), c.window - e
+        tokens = self._tokens(c, now)
+        burst = c.limit if c.burst is None else c.burst
+        full = 0 if tokens >= burst or c.limit == 0 else math.ceil((burst - tokens) * c.window / c.limit)
+        return math.floor(tokens), full
+
+    def _over(self, c: Check, now: int) -> int | None:
+        """None when the check's hits fit now; else the time until they would."""
+        h = c.hits
+        if c.algorithm == "sliding_window_log":
+            live = sorted(e for e in self.log[c.key] if now - e[0] < c.window)
+            counted = sum(x for _, x in live)
+            if counted + h <= c.limit:
+                return None
+            freed = 0
+            for t, x in live:
+                freed += x
+                if freed >= counted + h - c.limit and h <= c.limit:
+                    return t + c.window - now
+            return c.window
+        if c.algorithm == "sliding_window_counter":
+            idx, e = divmod(now, c.window)
+            cur, prev = self.windows[c.key].get(idx, 0), self.windows[c.key].get(idx - 1, 0)
+            w = float(c.window)
+            room = c.limit - cur - h
+            if room >= float(prev) * float(c.window - e) / w:
+                return None
+            if h > c.limit:
+                return c.window
+            if room >= 0:
+                return max(1, math.ceil(w - float(room) * w / float(prev)) - e)
+            return max(1, (c.window - e) + math.ceil(w - float(c.limit - h) * w / float(cur)))
+        if c.algorithm == "fixed_window":
+            idx, e = divmod(now, c.window)
+            return None if self.windows[c.key].get(idx, 0) + h <= c.limit else c.window - e
+        tokens = self._tokens(c, now)
+        burst = c.limit if c.burst is None else c.burst
+        if h <= tokens:
+            return None
+        if h > burst or c.limit == 0:
+            return self._view(c, now)[1]
+        return math.ceil((h - tokens) * c.window / c.limit)
+
+    def _apply(self, c: Check, now: int) -> None:
+        if c.algorithm == "sliding_window_log":
+            if c.hits > 0:
+                self.log[c.key].append([now, c.hits])
+            give = -c.hits
+            while give > 0 and self.log[c.key]:
+                newest = self.log[c.key][-1]
+                taken = min(give, newest[1])
+                newest[1] -= taken
+                give -= taken
+                if newest[1] == 0:
+                    self.log[c.key].pop()
+        elif c.algorithm in ("sliding_window_counter", "fixed_window"):
+            idx = now // c.window
+            counts = self.windows[c.key]
+            if c.hits >= 0:
+                counts[idx] = counts.get(idx, 0) + c.hits
+            elif c.algorithm == "fixed_window":
+                counts[idx] = max(0, counts.get(idx, 0) + c.hits)
             else:
-                outcomes.append(ModelOutcome(False, limit - total - hits, 0))
-            pending[key] = total + hits
-        admitted = not any(o.over for o in outcomes)
-        if admitted:
-            for key, _, _, hits in checks:
-                if hits > 0:
-                    self.log[key].append((now, hits))
-        for (key, _, window, hits), outcome in zip(checks, outcomes, strict=True):
-            if outcome.over:
+                take = min(-c.hits, counts.get(idx, 0))
+                counts[idx] = counts.get(idx, 0) - take
+                counts[idx - 1] = max(0, counts.get(idx - 1, 0) - (-c.hits - take))
+        else:
+            self.buckets[c.key] = (self._tokens(c, now) - c.hits, now)
+            burst = c.limit if c.burst is None else c.burst
+            self.buckets[c.key] = (min(self.buckets[c.key][0], Fraction(burst)), now)
+
+    # --- the request ---------------------------------------------------------------------------------------
+
+    def decide(self, now: int, checks: list[Check]) -> tuple[bool, list[Answer]]:
+        snapshot = (
+            {k: [list(e) for e in v] for k, v in self.log.items()},
+            {k: dict(v) for k, v in self.windows.items()},
+            dict(self.buckets),
+        )
+        answers: list[Answer] = []
+        befores: list[tuple[int, int]] = []
+        counted_anyway: set[int] = set()
+        admitted = True
+        for i, c in enumerate(checks):
+            befores.append(self._view(c, now))
+            wait = self._over(c, now) if c.hits >= 0 else None
+            if wait is not None:
+                admitted = False
+                answers.append(Answer(True, 0, wait))
+                if c.algorithm == "fixed_window" and not c.stop_when_over:
+                    self._apply(c, now)
+                    counted_anyway.add(i)
                 continue
-            live = self._live(key, now, window)
-            outcome.reset_us = live[0][0] + window - now if live else 0
-            if not admitted:
-                outcome.remaining += hits
-        return admitted, outcomes
+            self._apply(c, now)
+            if c.algorithm == "fixed_window" and not c.stop_when_over:
+                counted_anyway.add(i)
+            answers.append(Answer(False, *self._view(c, now)))
+        if admitted:
+            return True, answers
+        # rejected: only fixed windows that count denied hits keep what this request did
+        kept_windows = {checks[i].key: self.windows[checks[i].key] for i in counted_anyway}
+        self.log, self.windows, self.buckets = (defaultdict(list, snapshot[0]), defaultdict(dict, snapshot[1]),
+                                                snapshot[2])
+        self.windows.update(kept_windows)
+        for i in range(len(checks)):
+            if not answers[i].over and i not in counted_anyway:
+                answers[i] = Answer(False, *befores[i])
+        return False, answers

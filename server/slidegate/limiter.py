@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from slidegate.algorithms import Algorithm
 from slidegate.backends.base import Backend, Check
 from slidegate.config.model import Config, RateLimit
 from slidegate.keys import limit_key
 
-ALGORITHM = "sliding_window_log"
 UNLIMITED_REMAINING = 4294967295  # what envoyproxy/ratelimit reports for unlimited rules (uint32 max)
 
 
@@ -80,7 +80,7 @@ class Limiter:
                 statuses[index] = Status(limit=None, remaining=UNLIMITED_REMAINING)
                 continue
             hits = default_hits if descriptor.hits_addend is None else descriptor.hits_addend
-            key = limit_key(self._prefix, ALGORITHM, domain, descriptor.entries)
+            key = limit_key(self._prefix, Algorithm.SLIDING_WINDOW_LOG.value, domain, descriptor.entries)
             checks.append(Check(key, limit.requests_per_unit, limit.window_seconds * 1_000_000, hits))
             limited.append((index, limit))
         if not checks:

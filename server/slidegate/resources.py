@@ -19,6 +19,10 @@ def resource_dir(name: str) -> Path:
     raise FileNotFoundError(f"slidegate resource directory '{name}' not found (broken installation?)")
 
 
-def lua_script(algorithm: str) -> str:
-    """The source of ``lua/<algorithm>.lua``."""
-    return (resource_dir("lua") / f"{algorithm}.lua").read_text(encoding="utf-8")
+def lua_script(algorithms: list[str]) -> str:
+    """The decision script: ``lua/decide.lua`` with ``lua/<algorithm>.lua`` of each of ``algorithms`` in
+    place of its marker line."""
+    directory = resource_dir("lua")
+    parts = [(directory / f"{name}.lua").read_text(encoding="utf-8") for name in algorithms]
+    driver = (directory / "decide.lua").read_text(encoding="utf-8")
+    return driver.replace("--@@ALGORITHMS@@\n", "\n".join(parts), 1)

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from slidegate.algorithms import MAX_EXACT, Algorithm, token_bucket_ticks
+
 
 class BackendUnavailable(Exception):
     """The backend did not answer in time or at all (Redis down, timeout). The service maps it to gRPC
@@ -16,14 +18,35 @@ class BackendUnavailable(Exception):
 class Check:
     """One limited descriptor of a request.
 
-    ``key``: storage key of the limit; ``limit``: hits allowed per window; ``window_us``: window length in
-    microseconds; ``hits``: hits this request adds (0 = check only, consume nothing).
+    ``key``: storage key of the limit; ``algorithm``: how it is counted; ``limit``: hits allowed per window
+    (requests_per_unit); ``window_us``: window length in microseconds; ``hits``: hits this request adds
+    (0 = check only; negative = give hits back, Envoy's ``is_negative_hits``); ``burst``: token-bucket
+    capacity (None = ``limit``); ``stop_when_over``: fixed window only — do not count hits of a request that
+    is over limit (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
     """
 
     key: str
     limit: int
     window_us: int
     hits: int
+    algorithm: Algorithm = Algorithm.SLIDING_WINDOW_LOG
+    burst: int | None = None
+    stop_when_over: bool = False
+
+    def params(self) -> tuple[int, int, int]:
+        """The algorithm's three parameters, as lua/<algorithm>.lua and the memory backend take them."""
+        if self.algorithm is Algorithm.TOKEN_BUCKET:
+            return token_bucket_ticks(self.limit, self.window_us, self.limit if self.burst is None else self.burst)
+        return self.limit, self.window_us, int(self.stop_when_over)
+
+    def clamped_hits(self) -> int:
+        """``hits`` bounded so every implementation computes exactly (in Lua doubles): any number of hits
+        above what the limit (or bucket) can ever hold is equally over limit."""
+        if self.algorithm is Algorithm.FIXED_WINDOW:
+            ceiling = MAX_EXACT // 4  # fixed windows count denied hits too: keep their number
+        else:
+            ceiling = (self.limit if self.burst is None else max(self.limit, self.burst)) + 1
+        return max(-ceiling, min(self.hits, ceiling))
 
 
 @dataclass(frozen=True, slots=True)

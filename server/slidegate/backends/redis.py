@@ -17,6 +17,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
+from slidegate.algorithms import Algorithm
 from slidegate.backends.base import BackendUnavailable, Check, Decision, Outcome
 from slidegate.resources import lua_script
 
@@ -32,12 +33,12 @@ def redact(url: str) -> str:
 
 
 class RedisBackend:
-    """Sliding-window-log limits in one Redis (``redis://`` or ``rediss://`` URL).
+    """Limits of every algorithm in one Redis (``redis://`` or ``rediss://`` URL).
 
     ``timeout``: seconds allowed for one decision, connecting included (default 0.25 s).
     """
 
-    def __init__(self, url: str, *, timeout: float = 0.25, algorithm: str = "sliding_window_log") -> None:
+    def __init__(self, url: str, *, timeout: float = 0.25) -> None:
         self._url = url
         self._timeout = timeout
         self._client = aioredis.Redis.from_url(
@@ -47,7 +48,7 @@ class RedisBackend:
             retry=Retry(NoBackoff(), 0),  # a retried EVALSHA could count hits twice
             health_check_interval=0,
         )
-        self._script = lua_script(algorithm)
+        self._script = lua_script([a.value for a in Algorithm])
         self._sha = hashlib.sha1(self._script.encode()).hexdigest()
 
     def describe(self) -> str:
@@ -59,7 +60,7 @@ class RedisBackend:
             return Decision(True, [])
         args: list[str | int] = ["" if now_us is None else now_us]
         for c in checks:
-            args += (c.limit, c.window_us, min(c.hits, c.limit + 1))
+            args += (c.algorithm.value, *c.params(), c.clamped_hits())
         keys = [c.key for c in checks]
         try:
             async with asyncio.timeout(self._timeout):

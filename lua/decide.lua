@@ -1,0 +1,87 @@
+-- decide.lua: decides every limited descriptor of one ShouldRateLimit call in one script call.
+-- slidegate sends this file with the algorithm files (lua/<algorithm>.lua) placed where the marker line
+-- below stands; each registers itself in `algorithms`.
+--
+-- KEYS[i]   the storage key of limit i (one key per limit, whatever the algorithm).
+-- ARGV[1]   now in microseconds since the epoch, or "" to use Redis TIME (one clock for all replicas).
+-- ARGV[2 + 5(i-1) ..]  for limit i: algorithm name, p1, p2, p3 (the algorithm's parameters, see its
+--           file), hits (0 = check only; negative = give |hits| back, Envoy's is_negative_hits).
+--
+-- All-or-nothing: the request is admitted only when no limit is over; then every limit's state is
+-- written, otherwise none is (except an algorithm that counts denied hits, fixed_window by default).
+-- Reply: { admitted (0|1), then for each limit i: over (0|1), remaining, reset (microseconds) }.
+--   admitted (or counted anyway): remaining and reset after this request's hits;
+--   rejected, limit not over:     remaining and reset as if this request had not come;
+--   over limit:                   remaining 0, reset = time until this request's hits would fit.
+
+local algorithms = {}
+
+-- Lua prints large numbers as 1.7e+15; Redis needs every digit.
+local function fmt(x)
+  return string.format('%.0f', x)
+end
+
+-- Expire `key` after `us` microseconds, in whole milliseconds rounded up (at least 1 ms).
+local function pexpire_us(key, us)
+  local ms = math.ceil(us / 1000)
+  if ms < 1 then ms = 1 end
+  redis.call('PEXPIRE', key, fmt(ms))
+end
+
+--@@ALGORITHMS@@
+
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local states = {}   -- key -> state, so a limit named twice in one request is counted once, with both hits
+local order = {}    -- keys in first-seen order: writes happen in a deterministic order
+local answers = {}
+local admitted = 1
+for i = 1, #KEYS do
+  local b = 2 + (i - 1) * 5
+  local algorithm = algorithms[ARGV[b]]
+  if algorithm == nil then
+    return redis.error_reply('unknown algorithm ' .. tostring(ARGV[b]))
+  end
+  local key = KEYS[i]
+  local st = states[key]
+  if st == nil then
+    st = algorithm.load(key, tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), now)
+    st.algorithm = algorithm
+    states[key] = st
+    order[#order + 1] = key
+  end
+  local answer = {algorithm.evaluate(st, tonumber(ARGV[b + 4]), now)}
+  answer.state = st
+  answers[i] = answer
+  if answer[1] == 1 then admitted = 0 end
+end
+
+for _, key in ipairs(order) do
+  local st = states[key]
+  if admitted == 1 or st.counts_denied then st.algorithm.save(st, now) end
+end
+
+local reply = {admitted}
+for i = 1, #KEYS do
+  local a = answers[i]
+  if a[1] == 1 then
+    reply[#reply + 1] = 1
+    reply[#reply + 1] = 0
+    reply[#reply + 1] = a[6]
+  elseif admitted == 1 or a.state.counts_denied then
+    reply[#reply + 1] = 0
+    reply[#reply + 1] = a[4]
+    reply[#reply + 1] = a[5]
+  else
+    reply[#reply + 1] = 0
+    reply[#reply + 1] = a[2]
+    reply[#reply + 1] = a[3]
+  end
+end
+return reply

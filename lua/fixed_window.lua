@@ -1,0 +1,45 @@
+-- fixed_window.lua: envoyproxy/ratelimit's fixed window (part of the script built from decide.lua).
+--
+-- Parameters: p1 = limit (hits per window), p2 = window W (microseconds), p3 = 1 to stop counting hits of
+--   requests that are over limit (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true), else 0.
+-- Key: a hash {w = index of the window (floor(t / W), epoch-aligned), c = hits counted in it}.
+-- As in envoyproxy/ratelimit, hits are counted even when the request is over limit (on this or on any
+-- other descriptor) unless p3 = 1; over limit when the count after adding hits exceeds the limit.
+-- Reset: the end of the window, over limit or not.
+-- Negative hits are taken back (not below 0).
+
+algorithms.fixed_window = {
+  load = function(key, limit, window, stop_when_over, now)
+    local idx = math.floor(now / window)
+    local stored = redis.call('HMGET', key, 'w', 'c')
+    local count = 0
+    if tonumber(stored[1]) == idx then count = tonumber(stored[2]) or 0 end
+    return {
+      key = key, limit = limit, window = window, idx = idx, count = count, changed = false,
+      counts_denied = stop_when_over ~= 1,
+    }
+  end,
+
+  evaluate = function(st, hits, now)
+    local reset = (st.idx + 1) * st.window - now
+    local rem_before = math.max(0, st.limit - st.count)
+    if hits < 0 then
+      st.count = math.max(0, st.count + hits)
+      st.changed = true
+      return 0, rem_before, reset, math.max(0, st.limit - st.count), reset, 0
+    end
+    local over = st.count + hits > st.limit
+    if hits > 0 and (not over or st.counts_denied) then
+      st.count = st.count + hits
+      st.changed = true
+    end
+    if over then return 1, rem_before, reset, 0, 0, reset end
+    return 0, rem_before, reset, math.max(0, st.limit - st.count), reset, 0
+  end,
+
+  save = function(st, now)
+    if not st.changed then return end
+    redis.call('HSET', st.key, 'w', fmt(st.idx), 'c', fmt(st.count))
+    pexpire_us(st.key, (st.idx + 1) * st.window - now)
+  end,
+}

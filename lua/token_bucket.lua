@@ -1,0 +1,79 @@
+-- token_bucket.lua: a token bucket with lazy refill and exact integer arithmetic (part of the script built
+-- from decide.lua).
+--
+-- A bucket holds up to `burst` tokens and refills requests_per_unit tokens per window. slidegate counts in
+-- ticks so that refill is exact: with g = gcd(requests_per_unit, window_us), one token is W = window_us / g
+-- ticks and one microsecond refills R = requests_per_unit / g ticks; the capacity is burst * W ticks
+-- (kept below 2^53 by config validation, so every sum here is an exact integer in a Lua double).
+-- Parameters: p1 = capacity in ticks (burst * W), p2 = W (ticks per token), p3 = R (ticks per microsecond;
+--   0 when requests_per_unit is 0: the bucket never refills).
+-- Key: a hash {t = ticks in the bucket, u = microsecond of the last update}; no key means a full bucket.
+-- Over limit when the bucket holds fewer than hits * W ticks. remaining = whole tokens left.
+-- Reset within limit: time until the bucket is full again; over limit: time until hits tokens are there
+-- (the time until full when hits > burst, which never fit).
+-- Negative hits put tokens back, up to the capacity.
+
+local function ceil_div(a, b)
+  local q = math.floor(a / b)
+  while q * b < a do q = q + 1 end
+  while q > 0 and (q - 1) * b >= a do q = q - 1 end
+  return q
+end
+
+algorithms.token_bucket = {
+  load = function(key, capacity, per_token, per_us, now)
+    local stored = redis.call('HMGET', key, 't', 'u')
+    local ticks = capacity
+    if stored[1] then
+      ticks = tonumber(stored[1])
+      local elapsed = now - tonumber(stored[2])
+      if elapsed > 0 and per_us > 0 then
+        if elapsed >= ceil_div(capacity - ticks, per_us) then
+          ticks = capacity
+        else
+          ticks = ticks + elapsed * per_us
+        end
+      end
+      ticks = math.min(ticks, capacity)
+    end
+    return {key = key, capacity = capacity, per_token = per_token, per_us = per_us, ticks = ticks}
+  end,
+
+  evaluate = function(st, hits, now)
+    local function until_full()
+      if st.ticks >= st.capacity then return 0 end
+      if st.per_us == 0 then return 0 end
+      return ceil_div(st.capacity - st.ticks, st.per_us)
+    end
+    local rem_before, reset_before = math.floor(st.ticks / st.per_token), until_full()
+    if hits < 0 then
+      st.ticks = math.min(st.capacity, st.ticks - hits * st.per_token)
+      return 0, rem_before, reset_before, math.floor(st.ticks / st.per_token), until_full(), 0
+    end
+    local need = hits * st.per_token
+    if need > st.ticks then
+      local over_reset
+      if need > st.capacity or st.per_us == 0 then
+        over_reset = until_full()
+      else
+        over_reset = ceil_div(need - st.ticks, st.per_us)
+      end
+      return 1, rem_before, reset_before, 0, 0, over_reset
+    end
+    st.ticks = st.ticks - need
+    return 0, rem_before, reset_before, math.floor(st.ticks / st.per_token), until_full(), 0
+  end,
+
+  save = function(st, now)
+    if st.ticks >= st.capacity then
+      redis.call('DEL', st.key)
+      return
+    end
+    redis.call('HSET', st.key, 't', fmt(st.ticks), 'u', fmt(now))
+    if st.per_us > 0 then
+      pexpire_us(st.key, ceil_div(st.capacity - st.ticks, st.per_us))
+    else
+      pexpire_us(st.key, 31536000000000)  -- never refills: keep it a year
+    end
+  end,
+}

@@ -1,0 +1,346 @@
+"""The in-memory backend: the same algorithms as the Lua scripts, in this process.
+
+For a single slidegate instance, development and the demo: state lives in a dict, so it is not shared between
+processes and is lost on restart. Each algorithm mirrors its ``lua/<algorithm>.lua`` step for step (the
+property tests hold both to one reference model), including the all-or-nothing driver of
+``lua/decide.lua``. A decision runs without awaiting, so it is atomic on the event loop.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from slidegate.algorithms import Algorithm
+from slidegate.backends.base import Check, Decision, Outcome
+
+# (over, remaining before, reset before, remaining after, reset after, reset when over), as in decide.lua
+Answer = tuple[bool, int, int, int, int, int]
+
+
+class _Store:
+    """Keys with an expiry time (microseconds on the backend's clock); expired keys vanish on access and in
+    a sweep at most once a second, so memory stays bounded by the live limits."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, tuple[Any, int]] = {}
+        self._next_sweep = 0
+
+    def get(self, key: str, now: int) -> Any:
+        item = self._data.get(key)
+        if item is None:
+            return None
+        if item[1] <= now:
+            del self._data[key]
+            return None
+        return item[0]
+
+    def set(self, key: str, value: Any, now: int, ttl_us: int) -> None:
+        # whole milliseconds, rounded up, as PEXPIRE in the Lua scripts
+        self._data[key] = (value, now + max(1, math.ceil(ttl_us / 1000)) * 1000)
+
+    def delete(self, key: str) -> None:
+        self._data.pop(key, None)
+
+    def sweep(self, now: int) -> None:
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + 1_000_000
+        for key in [k for k, (_, expires) in self._data.items() if expires <= now]:
+            del self._data[key]
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+class _State(Protocol):
+    counts_denied: bool
+
+    def evaluate(self, hits: int, now: int) -> Answer: ...
+
+    def save(self, store: _Store, now: int) -> None: ...
+
+
+@dataclass
+class _Log:
+    """sliding_window_log: admitted requests as [time us, seq, hits], oldest first."""
+
+    key: str
+    limit: int
+    window: int
+    entries: list[list[int]]
+    total: int
+    pend: int = 0
+    give: int = 0
+    counts_denied: bool = False
+
+    @classmethod
+    def load(cls, store: _Store, key: str, limit: int, window: int, _: int, now: int) -> _Log:
+        entries: list[list[int]] = store.get(key, now) or []
+        entries = [e for e in entries if e[0] > now - window]
+        return cls(key, limit, window, entries, sum(e[2] for e in entries))
+
+    def _counted(self) -> int:
+        return self.total - self.give + self.pend
+
+    def _reset(self, now: int) -> int:
+        if self.entries and self.give < self.total:
+            return self.entries[0][0] + self.window - now
+        return self.window if self.pend > 0 else 0
+
+    def evaluate(self, hits: int, now: int) -> Answer:
+        rem_before, reset_before = max(0, self.limit - self._counted()), self._reset(now)
+        if hits < 0:
+            take = min(-hits, self.pend)
+            self.pend -= take
+            self.give = min(self.total, self.give - hits - take)
+            return False, rem_before, reset_before, max(0, self.limit - self._counted()), self._reset(now), 0
+        if self._counted() + hits > self.limit:
+            over_reset = self.window
+            if hits <= self.limit:
+                need, freed = self._counted() + hits - self.limit, 0
+                for t, _, h in self.entries:
+                    if freed >= self.total - self.give:
+                        break
+                    freed += h
+                    if freed >= need:
+                        over_reset = t + self.window - now
+                        break
+            return True, rem_before, reset_before, 0, 0, over_reset
+        self.pend += hits
+        return False, rem_before, reset_before, max(0, self.limit - self._counted()), self._reset(now), 0
+
+    def save(self, store: _Store, now: int) -> None:
+        give = self.give
+        while give > 0 and self.entries:
+            newest = self.entries[-1]
+            if newest[2] > give:
+                newest[2] -= give
+                break
+            give -= newest[2]
+            self.entries.pop()
+        if self.pend > 0:
+            seq = sum(1 for e in self.entries if e[0] == now)
+            self.entries.append([now, seq, self.pend])
+        if not self.entries:
+            store.delete(self.key)
+        elif self.pend > 0:
+            store.set(self.key, self.entries, now, self.window)
+        else:
+            store.set(self.key, self.entries, now, self.entries[-1][0] + self.window - now)
+
+
+@dataclass
+class _Counter:
+    """sliding_window_counter: hits in the current and the previous epoch-aligned window."""
+
+    key: str
+    limit: int
+    window: int
+    idx: int
+    cur: int
+    prev: int
+    counts_denied: bool = False
+
+    @classmethod
+    def load(cls, store: _Store, key: str, limit: int, window: int, _: int, now: int) -> _Counter:
+        idx = now // window
+        cur = prev = 0
+        stored = store.get(key, now)
+        if stored is not None:
+            if stored[0] == idx:
+                cur, prev = stored[1], stored[2]
+            elif stored[0] == idx - 1:
+                prev = stored[1]
+        return cls(key, limit, window, idx, cur, prev)
+
+    def evaluate(self, hits: int, now: int) -> Answer:
+        w = self.window
+        e = now - self.idx * w
+
+        def weighted() -> float:
+            return float(self.prev) * float(w - e) / float(w)
+
+        def remaining() -> int:
+            return max(0, math.floor(float(self.limit - self.cur) - weighted()))
+
+        def reset() -> int:
+            return w - e if self.cur > 0 or self.prev > 0 else 0
+
+        rem_before, reset_before = remaining(), reset()
+        if hits < 0:
+            take = min(-hits, self.cur)
+            self.cur -= take
+            self.prev = max(0, self.prev - (-hits - take))
+            return False, rem_before, reset_before, remaining(), reset(), 0
+        room = self.limit - self.cur - hits
+        if room < weighted():
+            over_reset = w
+            if hits <= self.limit:
+                if room >= 0:
+                    over_reset = max(1, math.ceil(float(w) - float(room) * float(w) / float(self.prev)) - e)
+                else:
+                    nxt = math.ceil(float(w) - float(self.limit - hits) * float(w) / float(self.cur))
+                    over_reset = max(1, (w - e) + nxt)
+            return True, rem_before, reset_before, 0, 0, over_reset
+        self.cur += hits
+        return False, rem_before, reset_before, remaining(), reset(), 0
+
+    def save(self, store: _Store, now: int) -> None:
+        if self.cur == 0 and self.prev == 0:
+            store.delete(self.key)
+            return
+        store.set(self.key, (self.idx, self.cur, self.prev), now, (self.idx + 2) * self.window - now)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class _Bucket:
+    """token_bucket: ticks in the bucket (see algorithms.token_bucket_ticks); no key means full."""
+
+    key: str
+    capacity: int
+    per_token: int
+    per_us: int
+    ticks: int
+    counts_denied: bool = False
+
+    @classmethod
+    def load(cls, store: _Store, key: str, capacity: int, per_token: int, per_us: int, now: int) -> _Bucket:
+        ticks = capacity
+        stored = store.get(key, now)
+        if stored is not None:
+            ticks, updated = stored
+            elapsed = now - updated
+            if elapsed > 0 and per_us > 0:
+                ticks = capacity if elapsed >= _ceil_div(capacity - ticks, per_us) else ticks + elapsed * per_us
+            ticks = min(ticks, capacity)
+        return cls(key, capacity, per_token, per_us, ticks)
+
+    def _until_full(self) -> int:
+        if self.ticks >= self.capacity or self.per_us == 0:
+            return 0
+        return _ceil_div(self.capacity - self.ticks, self.per_us)
+
+    def evaluate(self, hits: int, now: int) -> Answer:
+        rem_before, reset_before = self.ticks // self.per_token, self._until_full()
+        if hits < 0:
+            self.ticks = min(self.capacity, self.ticks - hits * self.per_token)
+            return False, rem_before, reset_before, self.ticks // self.per_token, self._until_full(), 0
+        need = hits * self.per_token
+        if need > self.ticks:
+            if need > self.capacity or self.per_us == 0:
+                over_reset = self._until_full()
+            else:
+                over_reset = _ceil_div(need - self.ticks, self.per_us)
+            return True, rem_before, reset_before, 0, 0, over_reset
+        self.ticks -= need
+        return False, rem_before, reset_before, self.ticks // self.per_token, self._until_full(), 0
+
+    def save(self, store: _Store, now: int) -> None:
+        if self.ticks >= self.capacity:
+            store.delete(self.key)
+            return
+        ttl = _ceil_div(self.capacity - self.ticks, self.per_us) if self.per_us else 31_536_000_000_000
+        store.set(self.key, (self.ticks, now), now, ttl)
+
+
+@dataclass
+class _Fixed:
+    """fixed_window: hits in the current epoch-aligned window, as envoyproxy/ratelimit counts them."""
+
+    key: str
+    limit: int
+    window: int
+    idx: int
+    count: int
+    counts_denied: bool
+    changed: bool = field(default=False)
+
+    @classmethod
+    def load(cls, store: _Store, key: str, limit: int, window: int, stop_when_over: int, now: int) -> _Fixed:
+        idx = now // window
+        stored = store.get(key, now)
+        count = stored[1] if stored is not None and stored[0] == idx else 0
+        return cls(key, limit, window, idx, count, counts_denied=stop_when_over != 1)
+
+    def evaluate(self, hits: int, now: int) -> Answer:
+        reset = (self.idx + 1) * self.window - now
+        rem_before = max(0, self.limit - self.count)
+        if hits < 0:
+            self.count = max(0, self.count + hits)
+            self.changed = True
+            return False, rem_before, reset, max(0, self.limit - self.count), reset, 0
+        over = self.count + hits > self.limit
+        if hits > 0 and (not over or self.counts_denied):
+            self.count += hits
+            self.changed = True
+        if over:
+            return True, rem_before, reset, 0, 0, reset
+        return False, rem_before, reset, max(0, self.limit - self.count), reset, 0
+
+    def save(self, store: _Store, now: int) -> None:
+        if self.changed:
+            store.set(self.key, (self.idx, self.count), now, (self.idx + 1) * self.window - now)
+
+
+_LOADERS: dict[Algorithm, Callable[..., _State]] = {
+    Algorithm.SLIDING_WINDOW_LOG: _Log.load,
+    Algorithm.SLIDING_WINDOW_COUNTER: _Counter.load,
+    Algorithm.TOKEN_BUCKET: _Bucket.load,
+    Algorithm.FIXED_WINDOW: _Fixed.load,
+}
+
+
+class MemoryBackend:
+    """Every algorithm in this process. ``clock`` (microseconds since the epoch) is the default time source;
+    ``decide(now_us=...)`` overrides it per call (tests)."""
+
+    def __init__(self, clock: Callable[[], int] = lambda: time.time_ns() // 1000) -> None:
+        self._store = _Store()
+        self._clock = clock
+
+    def describe(self) -> str:
+        return "memory (this process only)"
+
+    async def decide(self, checks: Sequence[Check], now_us: int | None = None) -> Decision:
+        """Decide ``checks`` all-or-nothing, as lua/decide.lua does. Never raises BackendUnavailable."""
+        now = self._clock() if now_us is None else now_us
+        self._store.sweep(now)
+        states: dict[str, _State] = {}
+        answers: list[tuple[_State, Answer]] = []
+        for check in checks:
+            state = states.get(check.key)
+            if state is None:
+                state = _LOADERS[check.algorithm](self._store, check.key, *check.params(), now)
+                states[check.key] = state
+            answers.append((state, state.evaluate(check.clamped_hits(), now)))
+        admitted = not any(answer[0] for _, answer in answers)
+        for state in states.values():
+            if admitted or state.counts_denied:
+                state.save(self._store, now)
+        outcomes = []
+        for state, (over, rem_before, reset_before, rem_after, reset_after, over_reset) in answers:
+            if over:
+                outcomes.append(Outcome(True, 0, over_reset))
+            elif admitted or state.counts_denied:
+                outcomes.append(Outcome(False, rem_after, reset_after))
+            else:
+                outcomes.append(Outcome(False, rem_before, reset_before))
+        return Decision(admitted, outcomes)
+
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def key_count(self) -> int:
+        """How many keys are held (expired ones included until the next sweep)."""
+        return len(self._store)
