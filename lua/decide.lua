@@ -4,10 +4,11 @@
 --
 -- KEYS[i]   the storage key of limit i (one key per limit, whatever the algorithm).
 -- ARGV[1]   now in microseconds since the epoch, or "" to use Redis TIME (one clock for all replicas).
--- ARGV[2 + 5(i-1) ..]  for limit i: algorithm name, p1, p2, p3 (the algorithm's parameters, see its
---           file), hits (0 = check only; negative = give |hits| back, Envoy's is_negative_hits).
+-- ARGV[2 + 6(i-1) ..]  for limit i: algorithm name, p1, p2, p3 (the algorithm's parameters, see its
+--           file), hits (0 = check only; negative = give |hits| back, Envoy's is_negative_hits), shadow
+--           ("1": the limit is evaluated but being over does not reject the request, else "0").
 --
--- All-or-nothing: the request is admitted only when no limit is over; then every limit's state is
+-- All-or-nothing: the request is admitted only when no (non-shadow) limit is over; then every limit's state is
 -- written, otherwise none is (except an algorithm that counts denied hits, fixed_window by default).
 -- Reply: { admitted (0|1), then for each limit i: over (0|1), remaining, reset (microseconds) }.
 --   admitted (or counted anyway): remaining and reset after this request's hits;
@@ -43,7 +44,7 @@ local order = {}    -- keys in first-seen order: writes happen in a deterministi
 local answers = {}
 local admitted = 1
 for i = 1, #KEYS do
-  local b = 2 + (i - 1) * 5
+  local b = 2 + (i - 1) * 6
   local algorithm = algorithms[ARGV[b]]
   if algorithm == nil then
     return redis.error_reply('unknown algorithm ' .. tostring(ARGV[b]))
@@ -59,7 +60,7 @@ for i = 1, #KEYS do
   local answer = {algorithm.evaluate(st, tonumber(ARGV[b + 4]), now)}
   answer.state = st
   answers[i] = answer
-  if answer[1] == 1 then admitted = 0 end
+  if answer[1] == 1 and ARGV[b + 5] ~= '1' then admitted = 0 end
 end
 
 for _, key in ipairs(order) do

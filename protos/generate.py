@@ -45,6 +45,8 @@ def generate(out: Path) -> dict[str, str]:
     files: dict[str, str] = {}
     for path in sorted(out.rglob("*.py*")):
         text = _IMPORT.sub(rf"\1 {PACKAGE}.envoy.", path.read_text())
+        if path.name.endswith("_pb2_grpc.py") and "Servicer" not in text:
+            continue  # a proto without services: its gRPC module would be empty
         files[str(path.relative_to(out))] = text
     # Every directory becomes a regular package so that wheels, mypy and importlib agree.
     dirs = {Path(rel).parent for rel in files}

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from slidegate.algorithms import Algorithm
 from slidegate.cli import main
-from slidegate.config import ConfigError, RateLimit, load_directory
+from slidegate.config import ConfigError, LoadOptions, RateLimit, load_directory
 from slidegate.units import Unit
 
 WriteConfig = Callable[..., Path]
@@ -41,7 +42,12 @@ descriptors:
 @pytest.fixture
 def domain(write_config: WriteConfig) -> Callable[..., RateLimit | None]:
     config = load_directory(write_config(MATCHING)).domains["m"]
-    return lambda *entries: config.match(list(entries))
+
+    def limit(*entries: tuple[str, str]) -> RateLimit | None:
+        match = config.match(entries)
+        return match.rule.rate_limit if match else None
+
+    return limit
 
 
 def test_exact_value_beats_key_only(domain: Callable[..., RateLimit | None]) -> None:
@@ -79,8 +85,9 @@ def test_scalar_values_read_as_text(write_config: WriteConfig) -> None:
             rate_limit: {unit: second, requests_per_unit: 1}
     """))
     d = config.domains["42"]
-    assert d.match([("port", "8080")]) == RateLimit(16, Unit.SECOND)
-    assert d.match([("flag", "true")]) == RateLimit(1, Unit.SECOND)
+    matches = [d.match((("port", "8080"),)), d.match((("flag", "true"),))]
+    assert [m.rule.rate_limit if m else None for m in matches] == [
+        RateLimit(16, Unit.SECOND), RateLimit(1, Unit.SECOND)]
 
 
 def test_every_file_of_the_directory_is_loaded(write_config: WriteConfig) -> None:
@@ -135,8 +142,36 @@ def errors(write_config: WriteConfig, text: str) -> list[str]:
         ("domain: d\ndescriptors:\n  - key: k\n    key: j\n", [
             "config.yaml:4: descriptors[0].key: duplicate key in the same mapping"]),
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 2}\n", [
-            "config.yaml:4: descriptors[0].rate_limit.burst: unknown key 'burst' "
-            "(expected one of: unit, requests_per_unit, unlimited, name)"]),
+            "config.yaml:4: descriptors[0].rate_limit.burst: is only for algorithm: token_bucket"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, per: 2}\n", [
+            "config.yaml:4: descriptors[0].rate_limit.per: unknown key 'per' (expected one of: unit, "
+            "requests_per_unit, unlimited, name, replaces, unit_multiplier, algorithm, burst)"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, algorithm: leaky}\n", [
+            "config.yaml:4: descriptors[0].rate_limit.algorithm: unknown algorithm 'leaky' (expected one of: "
+            "sliding_window_log, sliding_window_counter, token_bucket, fixed_window)"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, unit_multiplier: 0}\n", [
+            "config.yaml:4: descriptors[0].rate_limit.unit_multiplier: must be between 1 and 4294967295, got 0"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, unit_multiplier: 300}\n", [
+            "config.yaml:4: descriptors[0].rate_limit.unit_multiplier: makes a window of 9460800000 s, "
+            "longer than the 9007199254 s allowed"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 4294967291,"
+         " algorithm: token_bucket}\n", [
+            "config.yaml:4: descriptors[0].rate_limit: token bucket too large to count exactly: lower burst or "
+            "make requests_per_unit and the window share a larger common divisor"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, name: a, replaces: [{name: a}]}\n", [
+            "config.yaml:4: descriptors[0].rate_limit.replaces[0].name: a limit cannot replace its own name 'a'"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, replaces: [{name: ''}]}\n", [
+            "config.yaml:4: descriptors[0].rate_limit.replaces[0].name: must not be empty"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, replaces: x}\n", [
+            "config.yaml:4: descriptors[0].rate_limit.replaces: must be a list of {name: ...}, got a scalar"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n", [
+            "config.yaml:5: descriptors[0].share_threshold: needs a value with '*' to share"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    value: a*\n  - key: k\n    value: a*\n", [
+            "config.yaml:5: descriptors[1]: duplicate descriptor composite key 'd.k_a*'"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    shadow_mode: yes please\n", [
+            "config.yaml:4: descriptors[0].shadow_mode: must be true or false, got 'yes please'"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    metadata: [1]\n", [
+            "config.yaml:4: descriptors[0].metadata: must be a mapping, got a list"]),
         ("domain: d\ndescriptors: {key: k}\n", [
             "config.yaml:2: descriptors: must be a list of descriptors, got a mapping"]),
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: [1]\n", [
@@ -144,8 +179,6 @@ def errors(write_config: WriteConfig, text: str) -> list[str]:
         ("domain: [d]\n", ["config.yaml:1: domain: must be a string, got a list",
                            "config.yaml:1: domain: is required and must not be empty"]),
         ("domain: d\n  bad: indentation\n", ["config.yaml:2: invalid YAML: mapping values are not allowed here"]),
-        ("domain: d\ndescriptors:\n  - key: k\n    shadow_mode: true\n", [
-            "config.yaml:4: descriptors[0].shadow_mode: 'shadow_mode' is not supported yet by slidegate"]),
     ],
 )
 def test_errors_name_file_line_and_field(write_config: WriteConfig, text: str, expected: list[str]) -> None:
@@ -177,8 +210,94 @@ def test_check_config_command(write_config: WriteConfig) -> None:
     result = CliRunner().invoke(main, ["check-config", str(directory)])
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[-1] == "OK: 1 domain(s), 5 limit(s)"
-    assert "  [parent=p, child] 3/hour name=nested" in result.output
+    assert "  [parent=p, child] 3/hour sliding_window_log name=nested" in result.output
     write_config("domain: x\nbad: 1\n", "z.yaml")
     result = CliRunner().invoke(main, ["check-config", str(directory)])
     assert result.exit_code == 1
     assert "z.yaml:2: bad: unknown key 'bad'" in result.output
+
+
+WILDCARDS = """
+domain: w
+descriptors:
+  - key: path
+    value: /api/v1/users
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: path
+    value: /api/*/users
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: path
+    value: /api/*
+    share_threshold: true
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: path
+    value: "*.json"
+    rate_limit: {unit: second, requests_per_unit: 4}
+  - key: path
+    rate_limit: {unit: second, requests_per_unit: 5}
+"""
+
+
+def test_wildcards_exact_then_first_pattern_then_key_only(write_config: WriteConfig) -> None:
+    config = load_directory(write_config(WILDCARDS)).domains["w"]
+
+    def limit(value: str) -> tuple[int, tuple[tuple[str, str], ...]]:
+        match = config.match((("path", value),))
+        assert match is not None and match.rule.rate_limit is not None
+        return match.rule.rate_limit.requests_per_unit, match.key_entries
+
+    assert limit("/api/v1/users") == (1, (("path", "/api/v1/users"),))  # exact beats wildcard
+    assert limit("/api/v2/users") == (2, (("path", "/api/v2/users"),))  # per-value counter
+    assert limit("/api//users") == (2, (("path", "/api//users"),))  # * matches zero characters
+    assert limit("/api/v2/users.json") == (3, (("path", "/api/*"),))  # first pattern in config order; shared
+    assert limit("/api/v2/orders") == (3, (("path", "/api/*"),))
+    assert limit("/x.json") == (4, (("path", "/x.json"),))
+    assert limit("/x.jsonp") == (5, (("path", "/x.jsonp"),))  # patterns match the whole value
+    assert limit("/API/v1") == (5, (("path", "/API/v1"),))  # case-sensitive
+
+
+def test_merge_domain_config(write_config: WriteConfig) -> None:
+    write_config("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+                 "1.yaml")
+    directory = write_config("domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: hour}\n", "2.yaml")
+    with pytest.raises(ConfigError, match="duplicate domain 'd'"):
+        load_directory(directory)
+    domain = load_directory(directory, LoadOptions(merge_domains=True)).domains["d"]
+    assert [path for path, _ in domain.limits()] == [[("a", None)], [("b", None)]]
+    write_config("domain: d\ndescriptors:\n  - key: a\n", "3.yaml")
+    with pytest.raises(ConfigError) as caught:
+        load_directory(directory, LoadOptions(merge_domains=True))
+    assert [str(i).replace(f"{directory}/", "") for i in caught.value.issues] == [
+        "3.yaml:3: duplicate descriptor composite key 'd.a' (merging domain files)"]
+
+
+def test_extensions_and_reference_keys_load(write_config: WriteConfig) -> None:
+    config = load_directory(write_config("""
+        domain: x
+        descriptors:
+          - key: k
+            shadow_mode: true
+            quota_mode: false
+            detailed_metric: true
+            value_to_metric: true
+            metadata: {tier: gold, n: 3, tags: [a, b]}
+            rate_limit:
+              unit: minute
+              unit_multiplier: 5
+              requests_per_unit: 10
+              algorithm: token_bucket
+              burst: 20
+              name: five
+              replaces: [{name: other}]
+    """), LoadOptions(default_algorithm=Algorithm.FIXED_WINDOW)).domains["x"]
+    match = config.match((("k", "v"),))
+    assert match is not None
+    rule = match.rule
+    assert (rule.shadow_mode, rule.quota_mode, rule.detailed_metric, rule.value_to_metric) == (True, False, True, True)
+    assert rule.metadata == {"tier": "gold", "n": 3, "tags": ["a", "b"]}
+    assert rule.rate_limit == RateLimit(10, Unit.MINUTE, "five", unit_multiplier=5, algorithm=Algorithm.TOKEN_BUCKET,
+                                        burst=20, replaces=("other",))
+    assert rule.rate_limit.window_seconds == 300
+    plain = load_directory(write_config("domain: y\ndescriptors:\n  - key: k\n    rate_limit: {unit: day}\n", "y.yaml"),
+                           LoadOptions(default_algorithm=Algorithm.FIXED_WINDOW)).domains["y"].limits()
+    assert plain[0][1].algorithm is Algorithm.FIXED_WINDOW

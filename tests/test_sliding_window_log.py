@@ -10,7 +10,7 @@ import redis
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import load_directory
 from slidegate.keys import limit_key
-from slidegate.limiter import UNLIMITED_REMAINING, Descriptor, Limiter
+from slidegate.limiter import UNLIMITED_REMAINING, Descriptor, Limiter, LimiterOptions
 
 from tests.conftest import Clock
 
@@ -45,7 +45,7 @@ async def limiter(
 ) -> AsyncIterator[Limiter]:
     config = load_directory(write_config(CONFIG))
     backend = RedisBackend(redis_url)
-    yield Limiter(lambda: config, backend, key_prefix=key_prefix, clock=clock)
+    yield Limiter(lambda: config, backend, LimiterOptions(key_prefix=key_prefix), clock=clock)
     await backend.close()
 
 
@@ -224,7 +224,7 @@ async def test_redis_time_is_the_default_clock(
 ) -> None:
     config = load_directory(write_config(CONFIG))
     backend = RedisBackend(redis_url)
-    limiter = Limiter(lambda: config, backend, key_prefix=key_prefix)
+    limiter = Limiter(lambda: config, backend, LimiterOptions(key_prefix=key_prefix))
     try:
         first = (await limiter.should_rate_limit("test", [d("a")]))[0]
         second = (await limiter.should_rate_limit("test", [d("a")]))[0]

@@ -13,7 +13,8 @@ import sys
 import click
 
 from slidegate import __version__
-from slidegate.config import ConfigError, load_directory
+from slidegate.algorithms import Algorithm
+from slidegate.config import ConfigError, LoadOptions, RateLimit, load_directory
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*$")
 
@@ -51,32 +52,54 @@ def main() -> None:
 @main.command()
 @click.option("--config", "config_dir", required=True, envvar="CONFIG_DIR",
               type=click.Path(file_okay=False), help="Directory of rate-limit YAML files.")
+@click.option("--backend", envvar="BACKEND_TYPE", default="redis", type=click.Choice(["redis", "memory"]),
+              help="Where counters live: Redis (shared by replicas) or this process's memory.")
 @click.option("--redis-url", envvar="REDIS_URL", default="redis://127.0.0.1:6379/0",
               help="Redis to keep the counters in.")
+@click.option("--redis-pool-size", envvar="REDIS_POOL_SIZE", default=64, type=click.IntRange(1, 10_000),
+              help="Redis connections at most; calls beyond wait for one (within the Redis timeout).")
+@click.option("--redis-timeout", envvar="REDIS_TIMEOUT", default="250ms", type=_Duration(),
+              help="Time allowed for one Redis decision before answering UNAVAILABLE.")
 @click.option("--host", envvar="GRPC_HOST", default="0.0.0.0", help="Address to listen on for gRPC.")
 @click.option("--grpc-port", envvar="GRPC_PORT", default=8081, type=click.IntRange(0, 65535),
               help="gRPC port (0 picks a free one).")
-@click.option("--redis-timeout", envvar="REDIS_TIMEOUT", default="250ms", type=_Duration(),
-              help="Time allowed for one Redis decision before answering UNAVAILABLE.")
 @click.option("--cache-key-prefix", envvar="CACHE_KEY_PREFIX", default="", help="Prefix of every Redis key.")
+@click.option("--default-algorithm", envvar="DEFAULT_ALGORITHM", default=Algorithm.SLIDING_WINDOW_LOG.value,
+              type=click.Choice([a.value for a in Algorithm]), help="Algorithm of limits that name none.")
+@click.option("--merge-domain-config/--no-merge-domain-config", envvar="MERGE_DOMAIN_CONFIG", default=False,
+              help="Let several files add descriptors to one domain.")
+@click.option("--shadow-mode/--no-shadow-mode", envvar="SHADOW_MODE", default=False,
+              help="Evaluate and count every limit but answer OK overall (descriptors keep their codes).")
+@click.option("--stop-cache-key-increment-when-overlimit/--no-stop-cache-key-increment-when-overlimit",
+              envvar="STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", default=False,
+              help="fixed_window: do not count hits of requests that are over limit.")
+@click.option("--response-dynamic-metadata/--no-response-dynamic-metadata", envvar="RESPONSE_DYNAMIC_METADATA",
+              default=False, help="Describe the request and matched rules' metadata in dynamic_metadata.")
 @click.option("--log-level", envvar="LOG_LEVEL", default="info",
               type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
 def serve(
-    config_dir: str, redis_url: str, host: str, grpc_port: int, redis_timeout: float,
-    cache_key_prefix: str, log_level: str,
+    config_dir: str, backend: str, redis_url: str, redis_pool_size: int, redis_timeout: float, host: str,
+    grpc_port: int, cache_key_prefix: str, default_algorithm: str, merge_domain_config: bool, shadow_mode: bool,
+    stop_cache_key_increment_when_overlimit: bool, response_dynamic_metadata: bool, log_level: str,
 ) -> None:
     """Serve envoy.service.ratelimit.v3.RateLimitService over gRPC until SIGTERM."""
     from slidegate.server import ServeOptions, run
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = ServeOptions(
-        config_dir=config_dir, redis_url=redis_url, host=host, grpc_port=grpc_port,
-        redis_timeout=redis_timeout, key_prefix=cache_key_prefix,
+        config_dir=config_dir, backend=backend, redis_url=redis_url, redis_pool_size=redis_pool_size,
+        host=host, grpc_port=grpc_port, redis_timeout=redis_timeout, key_prefix=cache_key_prefix,
+        default_algorithm=Algorithm(default_algorithm), merge_domain_config=merge_domain_config,
+        shadow_mode=shadow_mode, stop_when_over=stop_cache_key_increment_when_overlimit,
+        response_dynamic_metadata=response_dynamic_metadata,
     )
     try:
         run(options)
     except ConfigError as exc:
         click.echo(f"invalid config in {config_dir}:\n{exc}", err=True)
+        sys.exit(1)
+    except ValueError as exc:
+        click.echo(f"invalid setting: {exc}", err=True)
         sys.exit(1)
     except OSError as exc:
         click.echo(f"cannot start: {exc}", err=True)
@@ -85,10 +108,14 @@ def serve(
 
 @main.command("check-config")
 @click.argument("config_dir", type=click.Path(file_okay=False))
-def check_config(config_dir: str) -> None:
+@click.option("--default-algorithm", envvar="DEFAULT_ALGORITHM", default=Algorithm.SLIDING_WINDOW_LOG.value,
+              type=click.Choice([a.value for a in Algorithm]), help="Algorithm of limits that name none.")
+@click.option("--merge-domain-config/--no-merge-domain-config", envvar="MERGE_DOMAIN_CONFIG", default=False,
+              help="Let several files add descriptors to one domain.")
+def check_config(config_dir: str, default_algorithm: str, merge_domain_config: bool) -> None:
     """Validate a config directory offline: print every error, or a summary of what loads."""
     try:
-        config = load_directory(config_dir)
+        config = load_directory(config_dir, LoadOptions(merge_domain_config, Algorithm(default_algorithm)))
     except ConfigError as exc:
         for issue in exc.issues:
             click.echo(str(issue), err=True)
@@ -98,14 +125,24 @@ def check_config(config_dir: str) -> None:
         click.echo(f"domain {name} ({domain.source}):")
         for path, limit in domain.limits():
             where = ", ".join(f"{k}={v}" if v is not None else k for k, v in path)
-            if limit.unlimited:
-                what = "unlimited"
-            else:
-                assert limit.unit is not None
-                what = f"{limit.requests_per_unit}/{limit.unit.name.lower()}"
-            named = f" name={limit.name}" if limit.name else ""
-            click.echo(f"  [{where}] {what}{named}")
+            click.echo(f"  [{where}] {describe_limit(limit)}")
     click.echo(f"OK: {len(config.domains)} domain(s), {config.limit_count()} limit(s)")
+
+
+def describe_limit(limit: RateLimit) -> str:
+    """``10/minute sliding_window_log name=x`` (or ``unlimited``)."""
+    if limit.unlimited or limit.unit is None:
+        return "unlimited"
+    unit = limit.unit.name.lower()
+    per = unit if limit.unit_multiplier == 1 else f"{limit.unit_multiplier} {unit}s"
+    text = f"{limit.requests_per_unit}/{per} {limit.algorithm.value}"
+    if limit.burst is not None:
+        text += f" burst={limit.burst}"
+    if limit.name:
+        text += f" name={limit.name}"
+    if limit.replaces:
+        text += f" replaces={','.join(limit.replaces)}"
+    return text
 
 
 @main.command()

@@ -1,6 +1,7 @@
 """The limiter: which limits a request's descriptors hit, and the backend's all-or-nothing decision on them.
 
-Transport-neutral: the gRPC service translates protobuf to ``Descriptor`` and ``Status`` back.
+Transport-neutral: the gRPC service translates protobuf to ``Descriptor`` and ``Status`` back. Matching and
+``replaces`` follow envoyproxy/ratelimit (see README "Configuration").
 """
 
 from __future__ import annotations
@@ -10,82 +11,139 @@ from dataclasses import dataclass
 
 from slidegate.algorithms import Algorithm
 from slidegate.backends.base import Backend, Check
-from slidegate.config.model import Config, RateLimit
+from slidegate.config.model import Config, DescriptorNode, RateLimit
 from slidegate.keys import limit_key
+from slidegate.units import Unit
 
 UNLIMITED_REMAINING = 4294967295  # what envoyproxy/ratelimit reports for unlimited rules (uint32 max)
 
 
 @dataclass(frozen=True, slots=True)
+class Override:
+    """A request's own limit for a descriptor (Envoy's RateLimitOverride): ``requests_per_unit`` per
+    ``unit_multiplier`` x ``unit``."""
+
+    requests_per_unit: int
+    unit: Unit
+    unit_multiplier: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Descriptor:
-    """A request descriptor: ordered (key, value) ``entries`` and the descriptor's own ``hits_addend``
-    (None when unset; an explicit 0 means check only)."""
+    """A request descriptor: ordered (key, value) ``entries``; the descriptor's own ``hits_addend`` (None
+    when unset; an explicit 0 means check only); ``negative``: give the hits back (is_negative_hits);
+    ``override``: a limit that replaces the configured one."""
 
     entries: tuple[tuple[str, str], ...]
     hits_addend: int | None = None
+    negative: bool = False
+    override: Override | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Status:
-    """The answer for one descriptor. ``limit`` is None when no limit applies (then ``over`` is False).
+    """The answer for one descriptor. ``limit`` is None when no limit applies. ``over``: the limit had no
+    room for the hits (even when that does not reject the request); ``shadow``: being over does not reject
+    the request (the rule's shadow_mode or quota_mode); ``rule``: the matched config rule, if any.
     ``remaining`` is hits left (uint32 max for unlimited); ``reset_us`` microseconds until reset."""
 
     limit: RateLimit | None
     over: bool = False
     remaining: int = 0
     reset_us: int = 0
+    shadow: bool = False
+    rule: DescriptorNode | None = None
 
 
 NO_LIMIT = Status(limit=None)
+
+
+@dataclass(frozen=True, slots=True)
+class LimiterOptions:
+    """``key_prefix`` starts every storage key (CACHE_KEY_PREFIX); ``default_algorithm`` counts limits that
+    come with the request (overrides); ``stop_when_over``: fixed windows do not count hits of over-limit
+    requests (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT); ``shadow_mode``: no limit rejects anything, every
+    limit is still evaluated and counted (SHADOW_MODE; the service reports the overall code as OK)."""
+
+    key_prefix: str = ""
+    default_algorithm: Algorithm = Algorithm.SLIDING_WINDOW_LOG
+    stop_when_over: bool = False
+    shadow_mode: bool = False
 
 
 class Limiter:
     """Decides requests against the config returned by ``config()`` (read once per request, so a reload
     swaps it atomically) using ``backend``.
 
-    ``key_prefix`` starts every storage key; ``clock`` (microseconds since the epoch) replaces the backend's
-    clock — for tests; production uses Redis TIME so every replica shares one clock.
+    ``clock`` (microseconds since the epoch) replaces the backend's clock — for tests; production uses Redis
+    TIME so every replica shares one clock.
     """
 
     def __init__(
         self,
         config: Callable[[], Config],
         backend: Backend,
+        options: LimiterOptions = LimiterOptions(),
         *,
-        key_prefix: str = "",
         clock: Callable[[], int] | None = None,
     ) -> None:
         self._config = config
         self._backend = backend
-        self._prefix = key_prefix
+        self._options = options
         self._clock = clock
+
+    def _match(self, domain: str, descriptor: Descriptor, config: Config) -> tuple[Status, str | None]:
+        """The status skeleton for one descriptor and the storage key of its limit (None: not counted)."""
+        domain_config = config.domains[domain]
+        override = descriptor.override
+        if override is not None:
+            limit = RateLimit(override.requests_per_unit, override.unit, unit_multiplier=override.unit_multiplier,
+                              algorithm=self._options.default_algorithm)
+            # an override is its own limit: it does not share a counter with the configured one
+            identity = f"{limit.algorithm.value}/{override.requests_per_unit}/{limit.window_seconds}"
+            return Status(limit), limit_key(self._options.key_prefix, identity, domain, descriptor.entries)
+        match = domain_config.match(descriptor.entries)
+        if match is None or match.rule.rate_limit is None:
+            return NO_LIMIT, None
+        rule, limit = match.rule, match.rule.rate_limit
+        if limit.unlimited:
+            return Status(None, remaining=UNLIMITED_REMAINING, rule=rule), None
+        shadow = rule.shadow_mode or rule.quota_mode
+        key = limit_key(self._options.key_prefix, limit.algorithm.value, domain, match.key_entries)
+        return Status(limit, shadow=shadow, rule=rule), key
 
     async def should_rate_limit(
         self, domain: str, descriptors: Sequence[Descriptor], hits_addend: int = 0
     ) -> list[Status]:
         """One Status per descriptor, in order. ``hits_addend`` is the request-level value (0 ⇒ 1).
         Raises BackendUnavailable when the backend cannot decide."""
-        domain_config = self._config().domains.get(domain)
-        if domain_config is None:
+        config = self._config()
+        if domain not in config.domains:
             return [NO_LIMIT] * len(descriptors)
+        matched = [self._match(domain, d, config) for d in descriptors]
+        # a matched limit's `replaces` drops every other matched limit of that name from this request
+        replaced = {name for status, _ in matched if status.limit for name in status.limit.replaces}
         default_hits = hits_addend or 1
-        statuses: list[Status] = [NO_LIMIT] * len(descriptors)
+        statuses: list[Status] = []
         checks: list[Check] = []
-        limited: list[tuple[int, RateLimit]] = []
-        for index, descriptor in enumerate(descriptors):
-            limit = domain_config.match(list(descriptor.entries))
-            if limit is None:
-                continue
-            if limit.unlimited:
-                statuses[index] = Status(limit=None, remaining=UNLIMITED_REMAINING)
+        counted: list[int] = []
+        for index, (descriptor, (status, key)) in enumerate(zip(descriptors, matched, strict=True)):
+            limit = status.limit
+            if limit is not None and limit.name and limit.name in replaced:
+                status, key = NO_LIMIT, None
+            statuses.append(status)
+            if limit is None or key is None:
                 continue
             hits = default_hits if descriptor.hits_addend is None else descriptor.hits_addend
-            key = limit_key(self._prefix, Algorithm.SLIDING_WINDOW_LOG.value, domain, descriptor.entries)
-            checks.append(Check(key, limit.requests_per_unit, limit.window_seconds * 1_000_000, hits))
-            limited.append((index, limit))
-        if not checks:
-            return statuses
-        decision = await self._backend.decide(checks, self._clock() if self._clock else None)
-        for (index, limit), outcome in zip(limited, decision.outcomes, strict=True):
-            statuses[index] = Status(limit, outcome.over, outcome.remaining, outcome.reset_us)
+            checks.append(Check(
+                key, limit.requests_per_unit, limit.window_seconds * 1_000_000,
+                -hits if descriptor.negative else hits, limit.algorithm, burst=limit.burst,
+                stop_when_over=self._options.stop_when_over, shadow=status.shadow or self._options.shadow_mode,
+            ))
+            counted.append(index)
+        if checks:
+            decision = await self._backend.decide(checks, self._clock() if self._clock else None)
+            for index, outcome in zip(counted, decision.outcomes, strict=True):
+                s = statuses[index]
+                statuses[index] = Status(s.limit, outcome.over, outcome.remaining, outcome.reset_us, s.shadow, s.rule)
         return statuses

@@ -11,12 +11,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
+from slidegate.algorithms import Algorithm
 from slidegate.backends.base import Backend, BackendUnavailable
+from slidegate.backends.memory import MemoryBackend
 from slidegate.backends.redis import RedisBackend
-from slidegate.config import load_directory
-from slidegate.limiter import Limiter
-from slidegate.service import RateLimitService
+from slidegate.config import LoadOptions, load_directory
+from slidegate.limiter import Limiter, LimiterOptions
+from slidegate.service import AnswerOptions, RateLimitService
 
 log = logging.getLogger("slidegate")
 HEALTH_SERVICES = ("", "ratelimit")
@@ -27,19 +28,36 @@ class ServeOptions:
     """What ``slidegate serve`` needs. Times are in seconds."""
 
     config_dir: str
+    backend: str = "redis"  # or "memory"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_pool_size: int = 64
     host: str = "0.0.0.0"
     grpc_port: int = 8081
     redis_timeout: float = 0.25
     key_prefix: str = ""
     drain_seconds: float = 10.0
+    default_algorithm: Algorithm = Algorithm.SLIDING_WINDOW_LOG
+    merge_domain_config: bool = False
+    shadow_mode: bool = False
+    stop_when_over: bool = False
+    response_dynamic_metadata: bool = False
 
 
-async def start_server(limiter: Limiter, host: str, port: int) -> tuple[grpc.aio.Server, HealthServicer, int]:
+def make_backend(options: ServeOptions) -> Backend:
+    """The storage backend ``options`` ask for. Raises ValueError for a malformed Redis URL."""
+    if options.backend == "memory":
+        return MemoryBackend()
+    return RedisBackend(options.redis_url, timeout=options.redis_timeout, pool_size=options.redis_pool_size)
+
+
+async def start_server(
+    service: RateLimitService, host: str, port: int
+) -> tuple[grpc.aio.Server, HealthServicer, int]:
     """Start a gRPC server with the rate-limit and health services on ``host:port``; return it, its health
     servicer (statuses still unset) and the bound port. Raises OSError when the address cannot be bound."""
-    server = grpc.aio.server()
-    rls_pb2_grpc.add_RateLimitServiceServicer_to_server(RateLimitService(limiter), server)
+    # without SO_REUSEPORT a second server on a taken port fails instead of silently sharing it
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server.add_generic_rpc_handlers((service.handler(),))
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     address = f"{host}:{port}"
@@ -55,11 +73,18 @@ async def start_server(limiter: Limiter, host: str, port: int) -> tuple[grpc.aio
 
 async def serve(options: ServeOptions, ready: asyncio.Event | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then stop accepting calls and let in-flight ones finish (at most
-    ``drain_seconds``). Raises ConfigError for an invalid config and OSError when the port is taken."""
-    config = load_directory(options.config_dir)
-    backend: Backend = RedisBackend(options.redis_url, timeout=options.redis_timeout)
-    limiter = Limiter(lambda: config, backend, key_prefix=options.key_prefix)
-    server, health_servicer, port = await start_server(limiter, options.host, options.grpc_port)
+    ``drain_seconds``). Raises ConfigError for an invalid config, ValueError for a malformed Redis URL and
+    OSError when the port is taken."""
+    load = LoadOptions(merge_domains=options.merge_domain_config, default_algorithm=options.default_algorithm)
+    config = load_directory(options.config_dir, load)
+    backend = make_backend(options)
+    limiter = Limiter(lambda: config, backend, LimiterOptions(
+        key_prefix=options.key_prefix, default_algorithm=options.default_algorithm,
+        stop_when_over=options.stop_when_over, shadow_mode=options.shadow_mode,
+    ))
+    service = RateLimitService(limiter, AnswerOptions(
+        shadow_mode=options.shadow_mode, dynamic_metadata=options.response_dynamic_metadata))
+    server, health_servicer, port = await start_server(service, options.host, options.grpc_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

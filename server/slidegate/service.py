@@ -1,54 +1,95 @@
 """The gRPC RateLimitService: validates requests, asks the limiter, builds Envoy's answer.
 
 ``overall_code`` is always OK or OVER_LIMIT (Envoy treats UNKNOWN as OK). Statuses follow the request's
-descriptor order, one each, because Envoy matches them to descriptors by position for its x-ratelimit headers.
+descriptor order, one each, because Envoy matches them to descriptors by position for its x-ratelimit
+headers. Requests are read with ``LenientRateLimitRequest`` (protos/slidegate/wire/v1/lenient.proto): the
+same wire format with bytes for keys and values, so a value that is not UTF-8 is limited like any other
+instead of failing the call; such bytes are kept as surrogate escapes, one character per byte.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
+from google.protobuf import struct_pb2
 
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
+from slidegate._proto.slidegate.wire.v1 import lenient_pb2
 from slidegate.backends.base import BackendUnavailable
-from slidegate.limiter import Descriptor, Limiter, Status
+from slidegate.limiter import Descriptor, Limiter, Override, Status
+from slidegate.units import Unit
 
 log = logging.getLogger(__name__)
 
 OK = rls_pb2.RateLimitResponse.OK
 OVER_LIMIT = rls_pb2.RateLimitResponse.OVER_LIMIT
+METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+# envoy.type.v3.RateLimitUnit numbers (no WEEK)
+_OVERRIDE_UNITS = {1: Unit.SECOND, 2: Unit.MINUTE, 3: Unit.HOUR, 4: Unit.DAY, 5: Unit.MONTH, 6: Unit.YEAR}
 
-
-Context = grpc.aio.ServicerContext[rls_pb2.RateLimitRequest, rls_pb2.RateLimitResponse]
+Context = grpc.aio.ServicerContext[lenient_pb2.LenientRateLimitRequest, rls_pb2.RateLimitResponse]
 
 
 class InvalidRequest(ValueError):
     """A request the service cannot decide; the message is sent back with INVALID_ARGUMENT."""
 
 
-def parse_request(request: rls_pb2.RateLimitRequest) -> tuple[str, list[Descriptor]]:
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def parse_request(request: lenient_pb2.LenientRateLimitRequest) -> tuple[str, list[Descriptor]]:
     """Validate ``request``; return (domain, descriptors). Raises InvalidRequest with the reason."""
     if not request.domain:
         raise InvalidRequest("rate limit domain must not be empty")
     if not request.descriptors:
         raise InvalidRequest("rate limit descriptor list must not be empty")
-    descriptors = [
-        Descriptor(
-            entries=tuple((e.key, e.value) for e in d.entries),
+    descriptors = []
+    for index, d in enumerate(request.descriptors):
+        override = None
+        if d.HasField("limit"):
+            unit = _OVERRIDE_UNITS.get(d.limit.unit)
+            if unit is None:
+                raise InvalidRequest(f"descriptor {index}: limit override has no valid unit ({d.limit.unit})")
+            multiplier = d.limit.unit_multiplier.value if d.limit.HasField("unit_multiplier") else 1
+            if multiplier < 1:
+                raise InvalidRequest(f"descriptor {index}: limit override unit_multiplier must be at least 1")
+            override = Override(d.limit.requests_per_unit, unit, multiplier)
+        descriptors.append(Descriptor(
+            entries=tuple((_text(e.key), _text(e.value)) for e in d.entries),
             hits_addend=d.hits_addend.value if d.HasField("hits_addend") else None,
-        )
-        for d in request.descriptors
-    ]
-    return request.domain, descriptors
+            negative=d.is_negative_hits,
+            override=override,
+        ))
+    return _text(request.domain), descriptors
 
 
-def build_response(statuses: list[Status]) -> rls_pb2.RateLimitResponse:
+@dataclass(frozen=True, slots=True)
+class AnswerOptions:
+    """``shadow_mode``: the overall code is always OK (SHADOW_MODE), each descriptor keeps its code;
+    ``dynamic_metadata``: describe the request and the matched rules' ``metadata`` in the response's
+    ``dynamic_metadata`` (RESPONSE_DYNAMIC_METADATA)."""
+
+    shadow_mode: bool = False
+    dynamic_metadata: bool = False
+
+
+def build_response(
+    domain: str,
+    descriptors: list[Descriptor],
+    statuses: list[Status],
+    options: AnswerOptions = AnswerOptions(),
+) -> rls_pb2.RateLimitResponse:
     """The RateLimitResponse for ``statuses`` (one per request descriptor, in order)."""
     response = rls_pb2.RateLimitResponse(overall_code=OK)
     for status in statuses:
-        out = response.statuses.add(code=OVER_LIMIT if status.over else OK)
-        if status.over:
+        blocking = status.over and not status.shadow
+        out = response.statuses.add(code=OVER_LIMIT if blocking else OK)
+        if blocking and not options.shadow_mode:
             response.overall_code = OVER_LIMIT
         out.limit_remaining = status.remaining
         limit = status.limit
@@ -56,22 +97,56 @@ def build_response(statuses: list[Status]) -> rls_pb2.RateLimitResponse:
             continue
         out.current_limit.requests_per_unit = limit.requests_per_unit
         out.current_limit.unit = limit.unit.wire  # type: ignore[assignment]
+        if limit.unit_multiplier != 1:
+            out.current_limit.unit_multiplier.value = limit.unit_multiplier
         if limit.name:
             out.current_limit.name = limit.name
         seconds, micros = divmod(status.reset_us, 1_000_000)
         out.duration_until_reset.seconds = seconds
         out.duration_until_reset.nanos = micros * 1000
+    if options.dynamic_metadata:
+        response.dynamic_metadata.CopyFrom(_metadata(domain, descriptors, statuses))
     return response
 
 
-class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):
+def _metadata(domain: str, descriptors: list[Descriptor], statuses: list[Status]) -> struct_pb2.Struct:
+    """{domain, descriptors: [{entries: ["k=v"], metadata?}], quotaModeEnabled, quotaModeViolations: [i]}."""
+    out = struct_pb2.Struct()
+    out["domain"] = domain
+    items: list[Any] = []
+    for descriptor, status in zip(descriptors, statuses, strict=True):
+        item: dict[str, object] = {"entries": [f"{k}={v}" for k, v in descriptor.entries]}
+        if status.rule is not None and status.rule.metadata:
+            item["metadata"] = status.rule.metadata
+        items.append(item)
+    out["descriptors"] = items
+    quota = [i for i, s in enumerate(statuses) if s.rule is not None and s.rule.quota_mode]
+    out["quotaModeEnabled"] = bool(quota)
+    out["quotaModeViolations"] = [i for i in quota if statuses[i].over]
+    return out
+
+
+class RateLimitService:
     """``envoy.service.ratelimit.v3.RateLimitService`` on top of a Limiter."""
 
-    def __init__(self, limiter: Limiter) -> None:
+    def __init__(self, limiter: Limiter, options: AnswerOptions = AnswerOptions()) -> None:
         self._limiter = limiter
+        self._options = options
+        self._failures = 0
+        self._last_failure_log = 0.0
 
-    async def ShouldRateLimit(  # noqa: N802 - the gRPC method name
-        self, request: rls_pb2.RateLimitRequest, context: Context
+    def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
+        """The gRPC handler to add to a server (reads requests leniently, see the module docstring)."""
+        method = grpc.unary_unary_rpc_method_handler(
+            self.should_rate_limit,
+            request_deserializer=lenient_pb2.LenientRateLimitRequest.FromString,
+            response_serializer=rls_pb2.RateLimitResponse.SerializeToString,
+        )
+        return grpc.method_handlers_generic_handler(
+            "envoy.service.ratelimit.v3.RateLimitService", {"ShouldRateLimit": method})
+
+    async def should_rate_limit(
+        self, request: lenient_pb2.LenientRateLimitRequest, context: Context
     ) -> rls_pb2.RateLimitResponse:
         try:
             domain, descriptors = parse_request(request)
@@ -80,6 +155,15 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):
         try:
             statuses = await self._limiter.should_rate_limit(domain, descriptors, request.hits_addend)
         except BackendUnavailable as exc:
-            log.warning("backend unavailable: %s", exc)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"rate limit storage unavailable: {exc}")
-        return build_response(statuses)
+            self._log_failure(exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "rate limit storage unavailable")
+        return build_response(domain, descriptors, statuses, self._options)
+
+    def _log_failure(self, exc: BackendUnavailable) -> None:
+        # an outage fails every call: say so every 10 s with a count, not once per call
+        self._failures += 1
+        now = time.monotonic()
+        if now - self._last_failure_log >= 10:
+            log.warning("storage unavailable (%d failed calls): %s", self._failures, exc)
+            self._failures = 0
+            self._last_failure_log = now

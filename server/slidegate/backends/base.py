@@ -22,7 +22,8 @@ class Check:
     (requests_per_unit); ``window_us``: window length in microseconds; ``hits``: hits this request adds
     (0 = check only; negative = give hits back, Envoy's ``is_negative_hits``); ``burst``: token-bucket
     capacity (None = ``limit``); ``stop_when_over``: fixed window only — do not count hits of a request that
-    is over limit (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
+    is over limit (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT); ``shadow``: being over does not reject the
+    request (shadow or quota mode).
     """
 
     key: str
@@ -32,6 +33,7 @@ class Check:
     algorithm: Algorithm = Algorithm.SLIDING_WINDOW_LOG
     burst: int | None = None
     stop_when_over: bool = False
+    shadow: bool = False
 
     def params(self) -> tuple[int, int, int]:
         """The algorithm's three parameters, as lua/<algorithm>.lua and the memory backend take them."""

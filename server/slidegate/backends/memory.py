@@ -321,7 +321,7 @@ class MemoryBackend:
                 state = _LOADERS[check.algorithm](self._store, check.key, *check.params(), now)
                 states[check.key] = state
             answers.append((state, state.evaluate(check.clamped_hits(), now)))
-        admitted = not any(answer[0] for _, answer in answers)
+        admitted = not any(answer[0] and not check.shadow for check, (_, answer) in zip(checks, answers, strict=True))
         for state in states.values():
             if admitted or state.counts_denied:
                 state.save(self._store, now)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Sequence
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -23,31 +23,40 @@ from slidegate.resources import lua_script
 
 
 def redact(url: str) -> str:
-    """``url`` with any password replaced by ``***``."""
+    """``url`` with any password (in the user part or a ``password=`` query parameter) replaced by ``***``."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    if "@" in parts.netloc:
+        user = (parts.username or "") if parts.password is not None else ""
+        parts = parts._replace(netloc=f"{user}:***@{parts.netloc.rsplit('@', 1)[1]}")
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        query = [(k, "***" if k.lower() == "password" else v) for k, v in pairs]
+        parts = parts._replace(query=urlencode(query, safe="*"))
+    return urlunsplit(parts)
 
 
 class RedisBackend:
     """Limits of every algorithm in one Redis (``redis://`` or ``rediss://`` URL).
 
-    ``timeout``: seconds allowed for one decision, connecting included (default 0.25 s).
+    ``timeout``: seconds allowed for one decision, connecting and waiting for a connection included
+    (default 0.25 s); ``pool_size``: connections at most (REDIS_POOL_SIZE); calls beyond it wait for one.
+    Raises ValueError for a malformed URL.
     """
 
-    def __init__(self, url: str, *, timeout: float = 0.25) -> None:
+    def __init__(self, url: str, *, timeout: float = 0.25, pool_size: int = 64) -> None:
         self._url = url
         self._timeout = timeout
-        self._client = aioredis.Redis.from_url(
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=pool_size,
+            timeout=timeout,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
             retry=Retry(NoBackoff(), 0),  # a retried EVALSHA could count hits twice
             health_check_interval=0,
+            encoding_errors="surrogateescape",  # request bytes that are not UTF-8 travel as they came
         )
+        self._client = aioredis.Redis(connection_pool=pool)
         self._script = lua_script([a.value for a in Algorithm])
         self._sha = hashlib.sha1(self._script.encode()).hexdigest()
 
@@ -60,7 +69,7 @@ class RedisBackend:
             return Decision(True, [])
         args: list[str | int] = ["" if now_us is None else now_us]
         for c in checks:
-            args += (c.algorithm.value, *c.params(), c.clamped_hits())
+            args += (c.algorithm.value, *c.params(), c.clamped_hits(), int(c.shadow))
         keys = [c.key for c in checks]
         try:
             async with asyncio.timeout(self._timeout):

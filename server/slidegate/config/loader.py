@@ -7,28 +7,40 @@ YAML is composed into nodes (not plain dicts) so that each error can point at it
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from slidegate.algorithms import ALGORITHM_NAMES, Algorithm, token_bucket_is_exact
 from slidegate.config.errors import ConfigError, ConfigIssue
-from slidegate.config.model import Config, DescriptorNode, DomainConfig, Level, RateLimit
+from slidegate.config.model import Config, DescriptorNode, DomainConfig, Level, RateLimit, wildcard_pattern
 from slidegate.units import UNIT_NAMES, Unit
 
 UINT32_MAX = 4294967295
+MAX_WINDOW_SECONDS = 2**53 // 1_000_000  # windows are counted in microseconds, exact in a Lua double
 _TOP_KEYS = ("domain", "descriptors")
-_DESCRIPTOR_KEYS = ("key", "value", "rate_limit", "descriptors")
-_RATE_LIMIT_KEYS = ("unit", "requests_per_unit", "unlimited", "name")
-# Keys envoyproxy/ratelimit knows that slidegate does not implement yet: an error names them plainly.
-_NOT_YET = {
-    "replaces",
-    "shadow_mode",
-    "quota_mode",
-    "detailed_metric",
-    "value_to_metric",
-    "share_threshold",
-    "metadata",
-}
+_DESCRIPTOR_KEYS = (
+    "key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode", "detailed_metric",
+    "value_to_metric", "share_threshold", "metadata",
+)
+# slidegate's own keys follow envoyproxy/ratelimit's (unit_multiplier, algorithm, burst)
+_RATE_LIMIT_KEYS = (
+    "unit", "requests_per_unit", "unlimited", "name", "replaces", "unit_multiplier", "algorithm", "burst",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    """How to load: ``merge_domains`` lets several files add to one domain (MERGE_DOMAIN_CONFIG);
+    ``default_algorithm`` counts every limit that names none (DEFAULT_ALGORITHM)."""
+
+    merge_domains: bool = False
+    default_algorithm: Algorithm = Algorithm.SLIDING_WINDOW_LOG
+
+
 _STR = "tag:yaml.org,2002:str"
 _INT = "tag:yaml.org,2002:int"
 _BOOL = "tag:yaml.org,2002:bool"
@@ -38,8 +50,9 @@ _NULL = "tag:yaml.org,2002:null"
 class _File:
     """Walks one file's node tree, collecting issues instead of stopping at the first."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, options: LoadOptions) -> None:
         self.path = path
+        self.options = options
         self.issues: list[ConfigIssue] = []
         self._constructor = yaml.SafeLoader("")
 
@@ -59,8 +72,6 @@ class _File:
                 self.issue(key_node, field, "mapping keys must be plain strings")
             elif name in out:
                 self.issue(key_node, sub, "duplicate key in the same mapping")
-            elif name in _NOT_YET:
-                self.issue(key_node, sub, f"'{name}' is not supported yet by slidegate")
             elif name not in allowed:
                 self.issue(key_node, sub, f"unknown key '{name}' (expected one of: {', '.join(allowed)})")
             else:
@@ -77,15 +88,28 @@ class _File:
             return None
         return str(node.value)
 
-    def integer(self, node: yaml.Node, field: str, maximum: int) -> int | None:
+    def integer(self, node: yaml.Node, field: str, maximum: int, minimum: int = 0) -> int | None:
         if not isinstance(node, yaml.ScalarNode) or node.tag != _INT:
             self.issue(node, field, f"must be a whole number, got {_describe(node)}")
             return None
         value = self._constructor.construct_object(node)
-        if not 0 <= value <= maximum:
-            self.issue(node, field, f"must be between 0 and {maximum}, got {value}")
+        if not minimum <= value <= maximum:
+            self.issue(node, field, f"must be between {minimum} and {maximum}, got {value}")
             return None
         return int(value)
+
+    def data(self, node: yaml.Node, field: str) -> dict[str, Any] | None:
+        """A mapping of plain data (for ``metadata``), as JSON would hold it."""
+        if not isinstance(node, yaml.MappingNode):
+            self.issue(node, field, f"must be a mapping, got {_kind(node)}")
+            return None
+        value = self._constructor.construct_object(node, deep=True)
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            self.issue(node, field, "must hold only strings, numbers, booleans, lists and mappings")
+            return None
+        return dict(value)
 
     def boolean(self, node: yaml.Node, field: str) -> bool | None:
         if not isinstance(node, yaml.ScalarNode) or node.tag != _BOOL:
@@ -112,38 +136,81 @@ def _parse_rate_limit(f: _File, node: yaml.Node, field: str) -> RateLimit | None
     fields = f.mapping(node, field, _RATE_LIMIT_KEYS)
     if fields is None:
         return None
-    ok = True
-    unlimited = False
-    if "unlimited" in fields:
-        parsed = f.boolean(fields["unlimited"], f"{field}.unlimited")
-        ok &= parsed is not None
-        unlimited = bool(parsed)
-    name = ""
-    if "name" in fields:
-        name = f.string(fields["name"], f"{field}.name") or ""
+    issues_before = len(f.issues)
+    unlimited = bool(f.boolean(fields["unlimited"], f"{field}.unlimited")) if "unlimited" in fields else False
+    name = (f.string(fields["name"], f"{field}.name") or "") if "name" in fields else ""
     requests = 0  # as in envoyproxy/ratelimit, an absent requests_per_unit is 0: always over limit
     if "requests_per_unit" in fields:
-        parsed_int = f.integer(fields["requests_per_unit"], f"{field}.requests_per_unit", UINT32_MAX)
-        ok &= parsed_int is not None
-        requests = parsed_int or 0
+        requests = f.integer(fields["requests_per_unit"], f"{field}.requests_per_unit", UINT32_MAX) or 0
+    multiplier = 1
+    if "unit_multiplier" in fields:
+        multiplier = f.integer(fields["unit_multiplier"], f"{field}.unit_multiplier", UINT32_MAX, 1) or 1
     unit: Unit | None = None
     unit_text = f.string(fields["unit"], f"{field}.unit") if "unit" in fields else None
     if unlimited:
         if unit_text:
             f.issue(fields["unit"], f"{field}.unit", "must not be set when unlimited is true")
-            ok = False
     elif not unit_text:
         f.issue(fields.get("unit", node), f"{field}.unit", f"is required (one of: {UNIT_NAMES})")
-        ok = False
     else:
         try:
             unit = Unit.parse(unit_text)
         except KeyError:
             f.issue(fields["unit"], f"{field}.unit", f"unknown unit '{unit_text}' (expected one of: {UNIT_NAMES})")
-            ok = False
-    if not ok:
+    if unit is not None and unit.seconds * multiplier > MAX_WINDOW_SECONDS:
+        f.issue(fields["unit_multiplier"], f"{field}.unit_multiplier",
+                f"makes a window of {unit.seconds * multiplier} s, longer than the {MAX_WINDOW_SECONDS} s allowed")
+    algorithm = f.options.default_algorithm
+    if "algorithm" in fields:
+        text = f.string(fields["algorithm"], f"{field}.algorithm") or ""
+        try:
+            algorithm = Algorithm(text)
+        except ValueError:
+            f.issue(fields["algorithm"], f"{field}.algorithm",
+                    f"unknown algorithm '{text}' (expected one of: {ALGORITHM_NAMES})")
+    burst = None
+    if "burst" in fields:
+        burst = f.integer(fields["burst"], f"{field}.burst", UINT32_MAX)
+        if algorithm is not Algorithm.TOKEN_BUCKET:
+            f.issue(fields["burst"], f"{field}.burst", "is only for algorithm: token_bucket")
+    if (algorithm is Algorithm.TOKEN_BUCKET and unit is not None and len(f.issues) == issues_before
+            and not token_bucket_is_exact(requests, unit.seconds * multiplier * 1_000_000,
+                                          requests if burst is None else burst)):
+        f.issue(fields.get("burst", node), field,
+                "token bucket too large to count exactly: lower burst or make requests_per_unit and the "
+                "window share a larger common divisor")
+    replaces: list[str] = []
+    if "replaces" in fields:
+        replaces = _parse_replaces(f, fields["replaces"], f"{field}.replaces", name)
+    if len(f.issues) > issues_before:
         return None
-    return RateLimit(requests_per_unit=requests, unit=unit, name=name, unlimited=unlimited)
+    return RateLimit(
+        requests_per_unit=requests, unit=unit, name=name, unlimited=unlimited, unit_multiplier=multiplier,
+        algorithm=algorithm, burst=burst, replaces=tuple(replaces),
+    )
+
+
+def _parse_replaces(f: _File, node: yaml.Node, field: str, own_name: str) -> list[str]:
+    if not isinstance(node, yaml.SequenceNode):
+        f.issue(node, field, f"must be a list of {{name: ...}}, got {_kind(node)}")
+        return []
+    names = []
+    for index, item in enumerate(node.value):
+        here = f"{field}[{index}]"
+        entry = f.mapping(item, here, ("name",))
+        if entry is None:
+            continue
+        name = f.string(entry["name"], f"{here}.name") if "name" in entry else None
+        if not name:
+            f.issue(entry.get("name", item), f"{here}.name", "must not be empty")
+        elif name == own_name:
+            f.issue(entry["name"], f"{here}.name", f"a limit cannot replace its own name '{name}'")
+        else:
+            names.append(name)
+    return names
+
+
+_FLAGS = ("shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold")
 
 
 def _parse_descriptors(f: _File, node: yaml.Node, field: str, level: Level, domain: str) -> None:
@@ -160,33 +227,48 @@ def _parse_descriptors(f: _File, node: yaml.Node, field: str, level: Level, doma
         if not key:
             f.issue(fields.get("key", item), f"{here}.key", "is required and must not be empty")
             continue
-        value = f.string(fields["value"], f"{here}.value") if "value" in fields else None
+        value = (f.string(fields["value"], f"{here}.value") if "value" in fields else None) or None
         rate_limit = None
         if "rate_limit" in fields:
             rate_limit = _parse_rate_limit(f, fields["rate_limit"], f"{here}.rate_limit")
+        flags = {name: bool(f.boolean(fields[name], f"{here}.{name}")) for name in _FLAGS if name in fields}
+        wildcard = value is not None and "*" in value
+        if flags.get("share_threshold") and not wildcard:
+            f.issue(fields["share_threshold"], f"{here}.share_threshold", "needs a value with '*' to share")
+        metadata = f.data(fields["metadata"], f"{here}.metadata") if "metadata" in fields else None
         node_out = DescriptorNode(
-            key=key,
-            value=value or None,
-            rate_limit=rate_limit,
-            children=Level(),
+            key=key, value=value, rate_limit=rate_limit, children=Level(),
             source=f"{f.path}:{item.start_mark.line + 1}",
+            pattern=wildcard_pattern(value) if wildcard and value is not None else None,
+            metadata=metadata, **flags,
         )
         if "descriptors" in fields:
             _parse_descriptors(f, fields["descriptors"], f"{here}.descriptors", node_out.children, domain)
-        if value:
-            duplicate = (key, value) in level.exact
-            level.exact.setdefault((key, value), node_out)
-        else:
-            duplicate = key in level.key_only
-            level.key_only.setdefault(key, node_out)
-        if duplicate:
+        if not _add(level, node_out):
             composite = f"{key}_{value}" if value else key
             f.issue(item, here, f"duplicate descriptor composite key '{domain}.{composite}'")
 
 
-def _parse_file(path: Path) -> tuple[DomainConfig, int, list[ConfigIssue]]:
+def _add(level: Level, node: DescriptorNode) -> bool:
+    """Add a rule to a level; False when the level already has one for the same key and value."""
+    if node.pattern is not None:
+        if any(n.key == node.key and n.value == node.value for n in level.wildcards):
+            return False
+        level.wildcards.append(node)
+    elif node.value is not None:
+        if (node.key, node.value) in level.exact:
+            return False
+        level.exact[(node.key, node.value)] = node
+    else:
+        if node.key in level.key_only:
+            return False
+        level.key_only[node.key] = node
+    return True
+
+
+def _parse_file(path: Path, options: LoadOptions) -> tuple[DomainConfig, int, list[ConfigIssue]]:
     """Parse one file; return its config (possibly partial), the line of its domain and every issue."""
-    f = _File(str(path))
+    f = _File(str(path), options)
     config = DomainConfig(domain="", root=Level(), source=str(path))
     try:
         text = path.read_text(encoding="utf-8")
@@ -215,9 +297,9 @@ def _parse_file(path: Path) -> tuple[DomainConfig, int, list[ConfigIssue]]:
     return config, line, f.issues
 
 
-def load_file(path: str | Path) -> DomainConfig:
+def load_file(path: str | Path, options: LoadOptions = LoadOptions()) -> DomainConfig:
     """Load one YAML file (one domain). Raises ConfigError listing every problem found."""
-    config, _, issues = _parse_file(Path(path))
+    config, _, issues = _parse_file(Path(path), options)
     if issues:
         raise ConfigError(issues)
     return config
@@ -233,26 +315,41 @@ def config_files(directory: str | Path) -> list[Path]:
     )
 
 
-def load_directory(directory: str | Path) -> Config:
-    """Load every config file of ``directory``. Raises ConfigError with every problem of every file
-    (a missing directory, a file error, or a domain defined in two files)."""
+def load_directory(directory: str | Path, options: LoadOptions = LoadOptions()) -> Config:
+    """Load every config file of ``directory``. Raises ConfigError with every problem of every file (a
+    missing directory, a file error, a domain defined in two files without ``merge_domains``, or, when
+    merging, the same rule in two files)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise ConfigError([ConfigIssue(str(directory), 0, "", "config directory does not exist")])
     issues: list[ConfigIssue] = []
     domains: dict[str, DomainConfig] = {}
     for path in config_files(directory):
-        config, line, file_issues = _parse_file(path)
+        config, line, file_issues = _parse_file(path, options)
         issues.extend(file_issues)
         if not config.domain:
             continue
-        if config.domain in domains:
+        first = domains.get(config.domain)
+        if first is None:
+            domains[config.domain] = config
+        elif not options.merge_domains:
             issues.append(ConfigIssue(
-                str(path), line, "domain",
-                f"duplicate domain '{config.domain}' (also in {domains[config.domain].source})",
-            ))
-            continue
-        domains[config.domain] = config
+                str(path), line, "domain", f"duplicate domain '{config.domain}' (also in {first.source})"))
+        else:
+            issues.extend(_merge(first.root, config.root, config.domain, str(path)))
     if issues:
         raise ConfigError(issues)
     return Config(domains=domains)
+
+
+def _merge(into: Level, extra: Level, domain: str, path: str) -> list[ConfigIssue]:
+    """Add the top-level rules of ``extra`` (one file) to ``into`` (the domain so far); a rule both define
+    is an error (MERGE_DOMAIN_CONFIG merges descriptors, it never overrides one)."""
+    issues = []
+    for node in extra.nodes():
+        composite = f"{node.key}_{node.value}" if node.value else node.key
+        if not _add(into, node):
+            line = int(node.source.rsplit(":", 1)[1])
+            issues.append(ConfigIssue(path, line, "", f"duplicate descriptor composite key '{domain}.{composite}' "
+                                      "(merging domain files)"))
+    return issues

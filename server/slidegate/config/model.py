@@ -2,52 +2,100 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from typing import Any
 
+from slidegate.algorithms import Algorithm
 from slidegate.units import Unit
 
 
 @dataclass(frozen=True, slots=True)
 class RateLimit:
-    """A limit: ``requests_per_unit`` hits (0 ⇒ always over limit) per window of ``unit``.
+    """A limit: ``requests_per_unit`` hits (0 ⇒ always over limit) per window of ``unit_multiplier`` x
+    ``unit``, counted with ``algorithm`` (``burst``: token-bucket capacity, None = requests_per_unit).
 
     ``unlimited`` limits are never counted (``unit`` is then None). ``name`` is reported to Envoy in
-    ``current_limit.name``.
+    ``current_limit.name``; ``replaces`` names the limits this one drops from a request where both match.
     """
 
     requests_per_unit: int
     unit: Unit | None
     name: str = ""
     unlimited: bool = False
+    unit_multiplier: int = 1
+    algorithm: Algorithm = Algorithm.SLIDING_WINDOW_LOG
+    burst: int | None = None
+    replaces: tuple[str, ...] = ()
 
     @property
     def window_seconds(self) -> int:
         """Window length in seconds (0 for unlimited)."""
-        return self.unit.seconds if self.unit else 0
+        return self.unit.seconds * self.unit_multiplier if self.unit else 0
 
 
 @dataclass(slots=True)
 class Level:
-    """One level of a descriptor tree: rules matched by exact ``(key, value)`` first, then by ``key`` alone."""
+    """One level of a descriptor tree. A request entry matches, in this order: the rule with the same key
+    and value, the first rule (in config order) whose value pattern matches, the rule with the key alone."""
 
     exact: dict[tuple[str, str], DescriptorNode] = field(default_factory=dict)
+    wildcards: list[DescriptorNode] = field(default_factory=list)
     key_only: dict[str, DescriptorNode] = field(default_factory=dict)
 
     def find(self, key: str, value: str) -> DescriptorNode | None:
         """The rule for one request entry at this level, or None."""
         node = self.exact.get((key, value))
-        return node if node is not None else self.key_only.get(key)
+        if node is not None:
+            return node
+        for candidate in self.wildcards:
+            if candidate.key == key and candidate.pattern is not None and candidate.pattern.fullmatch(value):
+                return candidate
+        return self.key_only.get(key)
+
+    def nodes(self) -> list[DescriptorNode]:
+        """Every rule of this level."""
+        return [*self.exact.values(), *self.wildcards, *self.key_only.values()]
+
+
+def wildcard_pattern(value: str) -> re.Pattern[str]:
+    """A value with ``*`` (each matching zero or more characters, anywhere, any number of times) as a
+    regular expression to be used with ``fullmatch``."""
+    return re.compile(".*".join(re.escape(part) for part in value.split("*")), re.DOTALL)
 
 
 @dataclass(slots=True)
 class DescriptorNode:
-    """A descriptor rule. No ``rate_limit`` and no children ⇒ a whitelist entry (match ⇒ no limit)."""
+    """A descriptor rule. No ``rate_limit`` and no children ⇒ a whitelist entry (match ⇒ no limit).
+
+    ``pattern`` is set for a wildcard value; ``share_threshold`` makes every value matching it share one
+    counter. ``shadow_mode``: evaluated and counted, but never makes the request over limit.
+    ``quota_mode``: like shadow mode, and an over-limit result is reported in the dynamic metadata.
+    ``detailed_metric``/``value_to_metric`` shape metric names; ``metadata`` is returned in the dynamic
+    metadata when enabled.
+    """
 
     key: str
     value: str | None
     rate_limit: RateLimit | None
     children: Level
     source: str  # "file:line", for messages
+    pattern: re.Pattern[str] | None = None
+    share_threshold: bool = False
+    shadow_mode: bool = False
+    quota_mode: bool = False
+    detailed_metric: bool = False
+    value_to_metric: bool = False
+    metadata: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """The rule a request descriptor matched and the entries its counter is keyed by (the request's own
+    entries, except that a ``share_threshold`` rule puts its pattern in place of the value)."""
+
+    rule: DescriptorNode
+    key_entries: tuple[tuple[str, str], ...]
 
 
 @dataclass(slots=True)
@@ -58,25 +106,27 @@ class DomainConfig:
     root: Level
     source: str
 
-    def match(self, entries: list[tuple[str, str]]) -> RateLimit | None:
-        """The limit for one request descriptor, per envoyproxy/ratelimit's rules: walk the entries down the
-        tree (exact value, else key-only); the limit is the one found at the level of the last entry, so the
-        depth must equal the number of entries. Empty entries or running out of tree ⇒ None."""
+    def match(self, entries: tuple[tuple[str, str], ...]) -> Match | None:
+        """The rule for one request descriptor, per envoyproxy/ratelimit's rules: walk the entries down the
+        tree; the rule is the one found at the level of the last entry, so the depth must equal the number
+        of entries. Empty entries or running out of tree ⇒ None."""
         level = self.root
         node: DescriptorNode | None = None
+        key_entries: list[tuple[str, str]] = []
         for key, value in entries:
             node = level.find(key, value)
             if node is None:
                 return None
+            key_entries.append((key, node.value) if node.share_threshold and node.value else (key, value))
             level = node.children
-        return node.rate_limit if node is not None else None
+        return Match(node, tuple(key_entries)) if node is not None else None
 
     def limits(self) -> list[tuple[list[tuple[str, str | None]], RateLimit]]:
         """Every limit of the domain with the path of (key, value) that leads to it, in config order."""
         out: list[tuple[list[tuple[str, str | None]], RateLimit]] = []
 
         def walk(level: Level, path: list[tuple[str, str | None]]) -> None:
-            for node in [*level.exact.values(), *level.key_only.values()]:
+            for node in level.nodes():
                 here = [*path, (node.key, node.value)]
                 if node.rate_limit is not None:
                     out.append((here, node.rate_limit))
