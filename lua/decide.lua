@@ -59,6 +59,8 @@ for i = 1, #KEYS do
   end
   local answer = {algorithm.evaluate(st, tonumber(ARGV[b + 4]), now)}
   answer.state = st
+  -- a rejected request reports each limit as it was before this request, even a limit named twice
+  if st.before == nil then st.before = {answer[2], answer[3]} end
   answers[i] = answer
   if answer[1] == 1 and ARGV[b + 5] ~= '1' then admitted = 0 end
 end
@@ -81,8 +83,8 @@ for i = 1, #KEYS do
     reply[#reply + 1] = a[5]
   else
     reply[#reply + 1] = 0
-    reply[#reply + 1] = a[2]
-    reply[#reply + 1] = a[3]
+    reply[#reply + 1] = a.state.before[1]
+    reply[#reply + 1] = a.state.before[2]
   end
 end
 return reply

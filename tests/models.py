@@ -163,7 +163,10 @@ class Model:
         self.log, self.windows, self.buckets = (defaultdict(list, snapshot[0]), defaultdict(dict, snapshot[1]),
                                                 snapshot[2])
         self.windows.update(kept_windows)
-        for i in range(len(checks)):
+        first_before: dict[str, tuple[int, int]] = {}
+        for c, seen in zip(checks, befores, strict=True):
+            first_before.setdefault(c.key, seen)
+        for i, c in enumerate(checks):
             if not answers[i].over and i not in counted_anyway:
-                answers[i] = Answer(False, *befores[i])
+                answers[i] = Answer(False, *first_before[c.key])
         return False, answers

@@ -314,25 +314,28 @@ class MemoryBackend:
         now = self._clock() if now_us is None else now_us
         self._store.sweep(now)
         states: dict[str, _State] = {}
+        before: dict[str, tuple[int, int]] = {}  # a rejected request reports each limit as it was before it
         answers: list[tuple[_State, Answer]] = []
         for check in checks:
             state = states.get(check.key)
             if state is None:
                 state = _LOADERS[check.algorithm](self._store, check.key, *check.params(), now)
                 states[check.key] = state
-            answers.append((state, state.evaluate(check.clamped_hits(), now)))
+            answer = state.evaluate(check.clamped_hits(), now)
+            before.setdefault(check.key, (answer[1], answer[2]))
+            answers.append((state, answer))
         admitted = not any(answer[0] and not check.shadow for check, (_, answer) in zip(checks, answers, strict=True))
         for state in states.values():
             if admitted or state.counts_denied:
                 state.save(self._store, now)
         outcomes = []
-        for state, (over, rem_before, reset_before, rem_after, reset_after, over_reset) in answers:
+        for check, (state, (over, _, _, rem_after, reset_after, over_reset)) in zip(checks, answers, strict=True):
             if over:
                 outcomes.append(Outcome(True, 0, over_reset))
             elif admitted or state.counts_denied:
                 outcomes.append(Outcome(False, rem_after, reset_after))
             else:
-                outcomes.append(Outcome(False, rem_before, reset_before))
+                outcomes.append(Outcome(False, *before[check.key]))
         return Decision(admitted, outcomes)
 
     async def ping(self) -> None:
