@@ -13,13 +13,13 @@ from typing import Any
 import grpc
 import pytest
 import redis
+
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import load_directory
 from slidegate.limiter import Limiter, LimiterOptions
 from slidegate.server import start_server
 from slidegate.service import AnswerOptions, RateLimitService
-
 from tests.redis_servers import INSTALL_HINT, RedisServer
 
 

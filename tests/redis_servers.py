@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import redis
+
 from slidegate.stack import free_port
 
 INSTALL_HINT = "redis-server not found: install it (Debian: apt-get install redis-server) or set REDIS_URL"

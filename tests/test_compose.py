@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from slidegate.config import load_directory
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from slidegate import stack
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
-
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
 
 CONFIG = """

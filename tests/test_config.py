@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from slidegate.algorithms import Algorithm
 from slidegate.cli import main
 from slidegate.config import ConfigError, LoadOptions, RateLimit, load_directory

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from slidegate import stack, upstream
 
 ROOT = Path(__file__).resolve().parent.parent

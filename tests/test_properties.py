@@ -10,11 +10,11 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from slidegate.algorithms import Algorithm
 from slidegate.backends.base import Backend, Check
 from slidegate.backends.memory import MemoryBackend
 from slidegate.backends.redis import RedisBackend
-
 from tests.models import Check as ModelCheck
 from tests.models import Model
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import grpc
 import pytest
+
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate.stack import free_port
-
 from tests.conftest import Clock
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
 from tests.redis_servers import RedisServer

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import redis
+
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import load_directory
 from slidegate.keys import limit_key
 from slidegate.limiter import UNLIMITED_REMAINING, Descriptor, Limiter, LimiterOptions
-
 from tests.conftest import Clock
 
 CONFIG = """

@@ -11,11 +11,11 @@ from typing import Any
 
 from google.protobuf import descriptor as _d
 from google.protobuf import json_format
+
 from slidegate._proto.envoy.config.core.v3 import base_pb2
 from slidegate._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate._proto.envoy.type.v3 import ratelimit_unit_pb2
-
 from tests.proto_shapes import describe_message
 
 ROOT = Path(__file__).resolve().parent.parent

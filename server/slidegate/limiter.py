@@ -113,10 +113,11 @@ class Limiter:
         return Status(limit, shadow=shadow, rule=rule), key
 
     async def should_rate_limit(
-        self, domain: str, descriptors: Sequence[Descriptor], hits_addend: int = 0
+        self, domain: str, descriptors: Sequence[Descriptor], hits_addend: int = 0, timeout: float | None = None
     ) -> list[Status]:
-        """One Status per descriptor, in order. ``hits_addend`` is the request-level value (0 ⇒ 1).
-        Raises BackendUnavailable when the backend cannot decide."""
+        """One Status per descriptor, in order. ``hits_addend`` is the request-level value (0 ⇒ 1);
+        ``timeout`` (seconds) bounds the backend call. Raises BackendUnavailable when the backend cannot
+        decide."""
         config = self._config()
         if domain not in config.domains:
             return [NO_LIMIT] * len(descriptors)
@@ -142,7 +143,7 @@ class Limiter:
             ))
             counted.append(index)
         if checks:
-            decision = await self._backend.decide(checks, self._clock() if self._clock else None)
+            decision = await self._backend.decide(checks, self._clock() if self._clock else None, timeout)
             for index, outcome in zip(counted, decision.outcomes, strict=True):
                 s = statuses[index]
                 statuses[index] = Status(s.limit, outcome.over, outcome.remaining, outcome.reset_us, s.shadow, s.rule)

@@ -152,8 +152,10 @@ class RateLimitService:
             domain, descriptors = parse_request(request)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        # answer within the caller's deadline (Envoy sends its filter timeout as the gRPC deadline)
+        deadline = context.time_remaining()
         try:
-            statuses = await self._limiter.should_rate_limit(domain, descriptors, request.hits_addend)
+            statuses = await self._limiter.should_rate_limit(domain, descriptors, request.hits_addend, deadline)
         except BackendUnavailable as exc:
             self._log_failure(exc)
             await context.abort(grpc.StatusCode.UNAVAILABLE, "rate limit storage unavailable")

@@ -73,9 +73,12 @@ class Decision:
 class Backend(Protocol):
     """Storage for the limiter."""
 
-    async def decide(self, checks: Sequence[Check], now_us: int | None = None) -> Decision:
+    async def decide(
+        self, checks: Sequence[Check], now_us: int | None = None, timeout: float | None = None
+    ) -> Decision:
         """Decide ``checks`` together, all-or-nothing. ``now_us`` overrides the backend's clock (tests);
-        None uses the backend's own clock (Redis TIME). Raises BackendUnavailable."""
+        None uses the backend's own clock (Redis TIME). ``timeout`` (seconds) shortens the backend's own
+        time limit, e.g. to the caller's gRPC deadline. Raises BackendUnavailable."""
         ...
 
     async def ping(self) -> None:

@@ -309,7 +309,9 @@ class MemoryBackend:
     def describe(self) -> str:
         return "memory (this process only)"
 
-    async def decide(self, checks: Sequence[Check], now_us: int | None = None) -> Decision:
+    async def decide(
+        self, checks: Sequence[Check], now_us: int | None = None, timeout: float | None = None
+    ) -> Decision:
         """Decide ``checks`` all-or-nothing, as lua/decide.lua does. Never raises BackendUnavailable."""
         now = self._clock() if now_us is None else now_us
         self._store.sweep(now)

@@ -63,7 +63,9 @@ class RedisBackend:
     def describe(self) -> str:
         return f"redis at {redact(self._url)}"
 
-    async def decide(self, checks: Sequence[Check], now_us: int | None = None) -> Decision:
+    async def decide(
+        self, checks: Sequence[Check], now_us: int | None = None, timeout: float | None = None
+    ) -> Decision:
         """Decide ``checks`` in one script call. Raises BackendUnavailable on any Redis failure or timeout."""
         if not checks:
             return Decision(True, [])
@@ -72,7 +74,7 @@ class RedisBackend:
             args += (c.algorithm.value, *c.params(), c.clamped_hits(), int(c.shadow))
         keys = [c.key for c in checks]
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(self._timeout if timeout is None else min(timeout, self._timeout)):
                 reply = await self._eval(keys, args)
         except (RedisError, OSError, TimeoutError) as exc:
             raise BackendUnavailable(f"{self.describe()}: {type(exc).__name__}: {exc}") from exc

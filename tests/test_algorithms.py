@@ -1,0 +1,168 @@
+"""One behavioural suite for every (algorithm x backend) pair, with the exact codes, remaining hits and reset
+times each algorithm gives. Times are injected; the backends are a real Redis and the in-memory backend."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+
+import pytest
+
+from slidegate.algorithms import Algorithm
+from slidegate.backends.base import Backend, Check
+from slidegate.backends.memory import MemoryBackend
+from slidegate.backends.redis import RedisBackend
+
+S = 1_000_000  # one second in microseconds
+T0 = 1_700_000_000 * S  # a window boundary for windows of 10 s
+WINDOW = 10 * S
+LOG, COUNTER, BUCKET, FIXED = (Algorithm.SLIDING_WINDOW_LOG, Algorithm.SLIDING_WINDOW_COUNTER,
+                               Algorithm.TOKEN_BUCKET, Algorithm.FIXED_WINDOW)
+
+
+@pytest.fixture(params=["redis", "memory"])
+async def backend(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[Backend]:
+    b: Backend = RedisBackend(redis_url) if request.param == "redis" else MemoryBackend()
+    yield b
+    await b.close()
+
+
+class Limit:
+    """One limit of 3 hits per 10 s under test, decided at injected times."""
+
+    def __init__(self, backend: Backend, algorithm: Algorithm, key: str, limit: int = 3, **extra: object) -> None:
+        self.backend, self.algorithm, self.key, self.limit, self.extra = backend, algorithm, key, limit, extra
+
+    def check(self, hits: int = 1) -> Check:
+        return Check(self.key, self.limit, WINDOW, hits, self.algorithm, **self.extra)  # type: ignore[arg-type]
+
+    async def hit(self, at: float, hits: int = 1) -> tuple[bool, int, int]:
+        decision = await self.backend.decide([self.check(hits)], T0 + round(at * S))
+        outcome = decision.outcomes[0]
+        assert decision.admitted == (not outcome.over)
+        return outcome.over, outcome.remaining, outcome.reset_us
+
+
+ALL = list(Algorithm)
+
+
+@pytest.mark.parametrize(("algorithm", "expected"), [
+    (LOG, [(False, 2, 10 * S), (False, 1, 10 * S), (False, 0, 10 * S), (True, 0, 10 * S)]),
+    # counter: within limit the current window ends in 9 s; over limit, this window's 3 hits become the
+    # older window's and decay until 3 * (10 - e) / 10 <= 2, at e = 3.33 s of the next window
+    (COUNTER, [(False, 2, 9 * S), (False, 1, 9 * S), (False, 0, 9 * S), (True, 0, 9 * S + 3_333_334)]),
+    # bucket: time until full (one token per 3.33 s); over: one token away
+    (BUCKET, [(False, 2, 3_333_334), (False, 1, 6_666_667), (False, 0, 10 * S), (True, 0, 3_333_334)]),
+    (FIXED, [(False, 2, 9 * S), (False, 1, 9 * S), (False, 0, 9 * S), (True, 0, 9 * S)]),
+])
+async def test_fill_then_over(backend: Backend, key_prefix: str, algorithm: Algorithm,
+                              expected: list[tuple[bool, int, int]]) -> None:
+    limit = Limit(backend, algorithm, f"{key_prefix}fill")
+    assert [await limit.hit(1.0) for _ in range(4)] == expected
+
+
+@pytest.mark.parametrize(("algorithm", "admitted_after_boundary"), [
+    (LOG, 0), (COUNTER, 0), (BUCKET, 0),
+    (FIXED, 3),  # envoyproxy/ratelimit's fixed window: a full window's worth right after the edge
+])
+async def test_boundary_burst(backend: Backend, key_prefix: str, algorithm: Algorithm,
+                              admitted_after_boundary: int) -> None:
+    limit = Limit(backend, algorithm, f"{key_prefix}edge")
+    assert [(await limit.hit(9.9))[0] for _ in range(3)] == [False] * 3
+    after = [(await limit.hit(10.1))[0] for _ in range(3)]
+    assert after.count(False) == admitted_after_boundary
+
+
+@pytest.mark.parametrize("algorithm", ALL)
+async def test_zero_limit_is_always_over(backend: Backend, key_prefix: str, algorithm: Algorithm) -> None:
+    limit = Limit(backend, algorithm, f"{key_prefix}zero", limit=0)
+    for at in (0.0, 5.0, 15.0, 100.0):
+        over, remaining, _ = await limit.hit(at)
+        assert (over, remaining) == (True, 0)
+
+
+@pytest.mark.parametrize("algorithm", ALL)
+async def test_check_only_consumes_nothing(backend: Backend, key_prefix: str, algorithm: Algorithm) -> None:
+    limit = Limit(backend, algorithm, f"{key_prefix}check")
+    await limit.hit(1.0)
+    assert [(await limit.hit(1.0, hits=0))[:2] for _ in range(5)] == [(False, 2)] * 5
+    assert (await limit.hit(1.0))[:2] == (False, 1)
+
+
+@pytest.mark.parametrize("algorithm", ALL)
+async def test_hits_beyond_limit_never_fit_and_record_nothing(
+    backend: Backend, key_prefix: str, algorithm: Algorithm
+) -> None:
+    limit = Limit(backend, algorithm, f"{key_prefix}huge", limit=4294967295)
+    over, remaining, _ = await limit.hit(1.0, hits=2**64 - 1)
+    assert (over, remaining) == (True, 0)
+    if algorithm is not FIXED:  # the fixed window counts denied hits, as envoyproxy/ratelimit does
+        assert (await limit.hit(1.0, hits=0))[:2] == (False, 4294967295)
+    assert (await limit.hit(1.0, hits=4294967295))[0] is (algorithm is FIXED)
+
+
+@pytest.mark.parametrize(("algorithm", "after_give_back", "then"), [
+    (LOG, 2, [False, False, True]),
+    (COUNTER, 2, [False, False, True]),
+    (BUCKET, 2, [False, False, True]),
+    (FIXED, 1, [False, True, True]),  # the denied hit had counted too
+])
+async def test_negative_hits_give_back(backend: Backend, key_prefix: str, algorithm: Algorithm,
+                                       after_give_back: int, then: list[bool]) -> None:
+    limit = Limit(backend, algorithm, f"{key_prefix}neg")
+    await limit.hit(1.0, hits=3)
+    assert (await limit.hit(1.0))[0] is True
+    over, remaining, _ = await limit.hit(1.0, hits=-2)
+    assert (over, remaining) == (False, after_give_back)
+    assert [(await limit.hit(1.0))[0] for _ in range(3)] == then
+    # giving back more than was taken stops at a full limit
+    assert (await limit.hit(1.0, hits=-100))[:2] == (False, 3)
+
+
+@pytest.mark.parametrize("algorithm", ALL)
+async def test_window_rolls_on(backend: Backend, key_prefix: str, algorithm: Algorithm) -> None:
+    limit = Limit(backend, algorithm, f"{key_prefix}roll")
+    await limit.hit(1.0, hits=3)
+    assert (await limit.hit(1.0))[0] is True
+    # two windows later every algorithm has forgotten everything
+    assert await limit.hit(21.0, hits=0) == (False, 3, 0 if algorithm is not FIXED else 9 * S)
+
+
+async def test_one_call_decides_every_algorithm_all_or_nothing(backend: Backend, key_prefix: str) -> None:
+    log = Limit(backend, LOG, f"{key_prefix}mixed-log")
+    bucket = Limit(backend, BUCKET, f"{key_prefix}mixed-bucket", limit=1)
+    counter = Limit(backend, COUNTER, f"{key_prefix}mixed-counter")
+    await bucket.hit(1.0)  # the bucket is empty now
+    decision = await backend.decide([log.check(), bucket.check(), counter.check()], T0 + S)
+    assert not decision.admitted
+    assert [o.over for o in decision.outcomes] == [False, True, False]
+    assert [o.remaining for o in decision.outcomes] == [3, 0, 3]  # nothing recorded on the others
+    assert (await log.hit(1.0, hits=0))[1] == 3 and (await counter.hit(1.0, hits=0))[1] == 3
+
+
+async def test_fixed_window_counts_denied_hits_like_envoyproxy_ratelimit(backend: Backend, key_prefix: str) -> None:
+    counted = Limit(backend, FIXED, f"{key_prefix}fw")
+    other = Limit(backend, LOG, f"{key_prefix}fw-other", limit=0)
+    # a request rejected by another limit still counts on the fixed window
+    decision = await backend.decide([counted.check(), other.check()], T0 + S)
+    assert not decision.admitted and decision.outcomes[0].remaining == 2
+    assert [(await counted.hit(1.0))[:2] for _ in range(3)] == [(False, 1), (False, 0), (True, 0)]
+    assert (await counted.hit(1.0, hits=0))[0] is True  # the denied hit counted: 4 > 3
+
+    stopping = Limit(backend, FIXED, f"{key_prefix}fw-stop", stop_when_over=True)
+    decision = await backend.decide([stopping.check(), other.check()], T0 + S)
+    assert not decision.admitted and decision.outcomes[0].remaining == 3
+    assert [(await stopping.hit(1.0))[:2] for _ in range(4)] == [(False, 2), (False, 1), (False, 0), (True, 0)]
+    assert (await stopping.hit(1.0, hits=0))[:2] == (False, 0)  # the denied hit did not count
+
+
+async def test_token_bucket_burst_and_exact_refill(backend: Backend, key_prefix: str) -> None:
+    # 3 tokens per 10 s with room for 6: a burst of 6, then one token every 3.333... s, with no drift
+    bucket = Limit(backend, BUCKET, f"{key_prefix}burst", burst=6)
+    assert (await bucket.hit(0.0, hits=6))[:2] == (False, 0)
+    assert (await bucket.hit(0.0))[2] == 3_333_334
+    admitted_at = []
+    for second in range(1, 1001):  # a request every second for 1,000 s: the k-th token is there at 10k/3 s
+        if not (await bucket.hit(float(second)))[0]:
+            admitted_at.append(second)
+    assert admitted_at == [math.ceil(10 * k / 3) for k in range(1, 301)]
