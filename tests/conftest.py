@@ -50,13 +50,15 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
+def key_prefix(redis_url: str) -> Iterator[str]:
     """A prefix no other test uses; the test's keys are deleted afterwards."""
     prefix = f"sgtest-{uuid.uuid4().hex[:12]}:"
     yield prefix
-    keys = list(redis_client.scan_iter(match=f"{prefix}*", count=1000))
+    client = redis.Redis.from_url(redis_url)  # keys as bytes: some tests store values that are not UTF-8
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
     if keys:
-        redis_client.delete(*keys)
+        client.delete(*keys)
+    client.close()
 
 
 @pytest.fixture
@@ -119,7 +121,9 @@ async def rls(
         server, _, port = await start_server(RateLimitService(limiter, AnswerOptions(**answer_options)), "127.0.0.1", 0)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
         started.append((server, backend, channel))
-        return rls_pb2_grpc.RateLimitServiceStub(channel)
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        stub.channel = channel  # type: ignore[attr-defined]  # for tests that call the method with their own serializer
+        return stub
 
     yield start
     for server, backend, channel in started:

@@ -1,0 +1,160 @@
+"""envoyproxy/ratelimit's features through the gRPC service: overrides, replaces, shadow and quota mode,
+dynamic metadata, negative hits, wildcards, and request bytes that are not UTF-8."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
+from slidegate._proto.envoy.type.v3 import ratelimit_unit_pb2
+from slidegate._proto.slidegate.wire.v1 import lenient_pb2
+from slidegate.service import METHOD
+from tests.helpers import OK, OVER_LIMIT, descriptor, request
+
+Start = Callable[..., Any]
+
+CONFIG = """
+domain: f
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2, name: per-user}
+  - key: vip
+    rate_limit: {unit: minute, requests_per_unit: 100, name: vip, replaces: [{name: per-user}]}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: quota
+    quota_mode: true
+    metadata: {plan: free}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: five_minutes
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 1, algorithm: fixed_window}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: minute, requests_per_unit: 1}
+"""
+
+
+async def test_override_replaces_the_configured_limit(rls: Start) -> None:
+    stub = await rls(CONFIG)
+    d = descriptor(("user", "u1"))
+    d.limit.requests_per_unit = 1
+    d.limit.unit = ratelimit_unit_pb2.HOUR
+    d.limit.unit_multiplier.value = 2
+    first = await stub.ShouldRateLimit(request("f", d))
+    status = first.statuses[0]
+    assert (first.overall_code, status.limit_remaining) == (OK, 0)
+    assert (status.current_limit.requests_per_unit, status.current_limit.unit) == (
+        1, rls_pb2.RateLimitResponse.RateLimit.HOUR)
+    assert status.current_limit.unit_multiplier.value == 2
+    assert status.duration_until_reset.seconds == 7200
+    assert (await stub.ShouldRateLimit(request("f", d))).overall_code == OVER_LIMIT
+    # the override has its own counter: the configured 2/minute is untouched
+    plain = await stub.ShouldRateLimit(request("f", descriptor(("user", "u1"))))
+    assert (plain.overall_code, plain.statuses[0].limit_remaining) == (OK, 1)
+    # an override without a unit is a bad request; for an unknown domain overrides are ignored
+    d.limit.unit = ratelimit_unit_pb2.UNKNOWN
+    try:
+        await stub.ShouldRateLimit(request("f", d))
+        raise AssertionError("expected INVALID_ARGUMENT")
+    except grpc.aio.AioRpcError as exc:
+        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert exc.details() == "descriptor 0: limit override has no valid unit (0)"
+    d.limit.unit = ratelimit_unit_pb2.SECOND
+    unknown = await stub.ShouldRateLimit(request("nope", d))
+    assert unknown.overall_code == OK and not unknown.statuses[0].HasField("current_limit")
+
+
+async def test_replaces_drops_the_named_limit(rls: Start) -> None:
+    stub = await rls(CONFIG)
+    for _ in range(3):
+        reply = await stub.ShouldRateLimit(request("f", descriptor(("user", "u")), descriptor(("vip", "u"))))
+        assert reply.overall_code == OK
+        assert not reply.statuses[0].HasField("current_limit")  # per-user replaced by vip
+        assert reply.statuses[1].current_limit.name == "vip"
+    # on its own, per-user was never counted
+    alone = await stub.ShouldRateLimit(request("f", descriptor(("user", "u"))))
+    assert alone.statuses[0].limit_remaining == 1
+
+
+async def test_shadow_mode_rule_never_rejects(rls: Start) -> None:
+    stub = await rls(CONFIG)
+    codes = []
+    for _ in range(3):
+        reply = await stub.ShouldRateLimit(request("f", descriptor(("shadow", "s")), descriptor(("user", "v"))))
+        codes.append((reply.overall_code, reply.statuses[0].code, reply.statuses[0].limit_remaining))
+    # the shadow rule is over from the second call, but reports OK and does not block the user limit
+    assert codes == [(OK, OK, 0), (OK, OK, 0), (OVER_LIMIT, OK, 0)]
+
+
+async def test_global_shadow_mode(rls: Start) -> None:
+    stub = await rls(CONFIG, limiter_options={"shadow_mode": True}, answer_options={"shadow_mode": True})
+    replies = [await stub.ShouldRateLimit(request("f", descriptor(("user", "g")))) for _ in range(3)]
+    assert [r.overall_code for r in replies] == [OK, OK, OK]
+    assert [r.statuses[0].code for r in replies] == [OK, OK, OVER_LIMIT]  # descriptors keep their real code
+
+
+async def test_quota_mode_and_dynamic_metadata(rls: Start) -> None:
+    stub = await rls(CONFIG, answer_options={"dynamic_metadata": True})
+    replies = [await stub.ShouldRateLimit(request("f", descriptor(("quota", "q")), descriptor(("nothing", "x"))))
+               for _ in range(2)]
+    assert [r.overall_code for r in replies] == [OK, OK]
+    assert json_format.MessageToDict(replies[1].dynamic_metadata) == {
+        "domain": "f",
+        "descriptors": [{"entries": ["quota=q"], "metadata": {"plan": "free"}}, {"entries": ["nothing=x"]}],
+        "quotaModeEnabled": True,
+        "quotaModeViolations": [0.0],
+    }
+    assert json_format.MessageToDict(replies[0].dynamic_metadata)["quotaModeViolations"] == []
+    plain = await rls(CONFIG)
+    assert not (await plain.ShouldRateLimit(request("f", descriptor(("quota", "q"))))).HasField("dynamic_metadata")
+
+
+async def test_unit_multiplier_reported_to_envoy(rls: Start, clock: Any) -> None:
+    stub = await rls(CONFIG)
+    clock.now_us = (clock.now_us // 300_000_000) * 300_000_000 + 60_000_000  # one minute into a 5-minute window
+    reply = await stub.ShouldRateLimit(request("f", descriptor(("five_minutes", "x"))))
+    limit = reply.statuses[0].current_limit
+    assert (limit.unit, limit.unit_multiplier.value) == (rls_pb2.RateLimitResponse.RateLimit.MINUTE, 5)
+    assert reply.statuses[0].duration_until_reset.seconds == 240
+
+
+async def test_negative_hits_give_budget_back(rls: Start) -> None:
+    stub = await rls(CONFIG)
+    for _ in range(2):
+        await stub.ShouldRateLimit(request("f", descriptor(("user", "n"))))
+    assert (await stub.ShouldRateLimit(request("f", descriptor(("user", "n"))))).overall_code == OVER_LIMIT
+    refund = descriptor(("user", "n"), hits=1)
+    refund.is_negative_hits = True
+    reply = await stub.ShouldRateLimit(request("f", refund))
+    assert (reply.overall_code, reply.statuses[0].limit_remaining) == (OK, 1)
+    assert (await stub.ShouldRateLimit(request("f", descriptor(("user", "n"))))).overall_code == OK
+
+
+async def test_wildcard_value_counts_per_value(rls: Start) -> None:
+    stub = await rls(CONFIG)
+    for path in ("/api/a", "/api/b"):
+        assert (await stub.ShouldRateLimit(request("f", descriptor(("path", path))))).overall_code == OK
+    assert (await stub.ShouldRateLimit(request("f", descriptor(("path", "/api/a"))))).overall_code == OVER_LIMIT
+    free = await stub.ShouldRateLimit(request("f", descriptor(("path", "/other"))))
+    assert free.overall_code == OK and not free.statuses[0].HasField("current_limit")
+
+
+async def test_values_that_are_not_utf8_are_limited(rls: Start) -> None:
+    stub = await rls(CONFIG)
+    raw = lenient_pb2.LenientRateLimitRequest(domain=b"f")
+    entry = raw.descriptors.add().entries.add()
+    entry.key, entry.value = b"user", b"\xff\xfe"
+    call = stub.channel.unary_unary(  # the same method, fed bytes a proto3 string cannot hold
+        METHOD, request_serializer=lenient_pb2.LenientRateLimitRequest.SerializeToString,
+        response_deserializer=rls_pb2.RateLimitResponse.FromString,
+    )
+    codes = [(await call(raw)).overall_code for _ in range(3)]
+    assert codes == [OK, OK, OVER_LIMIT]
+    # a different byte string is a different client
+    entry.value = b"\xff\xfd"
+    assert (await call(raw)).overall_code == OK
