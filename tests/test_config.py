@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -177,9 +178,27 @@ def errors(write_config: WriteConfig, text: str) -> list[str]:
             "config.yaml:2: descriptors: must be a list of descriptors, got a mapping"]),
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: [1]\n", [
             "config.yaml:4: descriptors[0].rate_limit: must be a mapping, got a list"]),
-        ("domain: [d]\n", ["config.yaml:1: domain: must be a string, got a list",
-                           "config.yaml:1: domain: is required and must not be empty"]),
-        ("domain: d\n  bad: indentation\n", ["config.yaml:2: invalid YAML: mapping values are not allowed here"]),
+        ("domain: [d]\n", ["config.yaml:1: domain: must be a string, got a list"]),
+        ("domain: \"\\ud800\"\n", [
+            "config.yaml:1: invalid YAML: found invalid Unicode character escape code"]),
+        ("domain: d\x01\n", ["config.yaml:1: invalid YAML: control characters are not allowed"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: !!int abc}\n", [
+            "config.yaml:4: descriptors[0].rate_limit.requests_per_unit: must be a whole number, got 'abc'"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1:30}\n", [
+            "config.yaml:4: descriptors[0].rate_limit.requests_per_unit: must be a whole number, got '1:30'"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: " + "9" * 5000
+         + "}\n", ["config.yaml:4: descriptors[0].rate_limit.requests_per_unit: must be a whole number, got '"
+                   + "9" * 5000 + "'"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: !!bool maybe}\n", [
+            "config.yaml:4: descriptors[0].rate_limit.unlimited: must be true or false, got 'maybe'",
+            "config.yaml:4: descriptors[0].rate_limit.unit: is required "
+            "(one of: second, minute, hour, day, week, month, year)"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: \u017fecond}\n", [
+            "config.yaml:4: descriptors[0].rate_limit.unit: unknown unit '\u017fecond' "
+            "(expected one of: second, minute, hour, day, week, month, year)"]),
+        ("domain: d\ndescriptors: &d [{key: k, descriptors: *d}]\n", [
+            "config.yaml: descriptors nested too deeply, or a YAML alias that contains itself"]),
+        ("domain: d\n  bad: indentation\n", ["config.yaml:2: invalid YAML: mapping values are not allowed in this context"]),
     ],
 )
 def test_errors_name_file_line_and_field(write_config: WriteConfig, text: str, expected: list[str]) -> None:
@@ -302,3 +321,31 @@ def test_extensions_and_reference_keys_load(write_config: WriteConfig) -> None:
     plain = load_directory(write_config("domain: y\ndescriptors:\n  - key: k\n    rate_limit: {unit: day}\n", "y.yaml"),
                            LoadOptions(default_algorithm=Algorithm.FIXED_WINDOW)).domains["y"].limits()
     assert plain[0][1].algorithm is Algorithm.FIXED_WINDOW
+
+
+def test_alias_expansion_is_bounded(write_config: WriteConfig) -> None:
+    # "billion laughs": 8 levels of 10 aliases would expand to 10^8 descriptors
+    # (the anchors sit under unknown keys, which are reported too)
+    lines = ["domain: d", "x0: &l0 [{key: k, rate_limit: {unit: second}}]"]
+    for n in range(1, 9):
+        refs = ", ".join(f"{{key: k{i}, descriptors: *l{n - 1}}}" for i in range(10))
+        lines.append(f"x{n}: &l{n} [{refs}]")
+    lines.append("descriptors: *l8")
+    with pytest.raises(ConfigError) as caught:
+        load_directory(write_config("\n".join(lines) + "\n"))
+    assert str(caught.value.issues[-1]).endswith(
+        "config.yaml: more than 100000 descriptors and limits (after expanding YAML aliases): split it or drop aliases")
+
+
+def test_unreadable_entries_are_reported(write_config: WriteConfig) -> None:
+    directory = write_config("domain: a\n", "a.YAML")
+    (directory / "broken.yaml").symlink_to(directory / "missing")
+    (directory / "dir.yml").mkdir()
+    os.mkfifo(directory / "pipe.yaml")
+    with pytest.raises(ConfigError) as caught:
+        load_directory(directory)
+    assert [str(i).replace(f"{directory}/", "") for i in caught.value.issues] == [
+        "broken.yaml: cannot read file: No such file or directory",
+        "dir.yml: not a regular file",
+        "pipe.yaml: not a regular file",
+    ]

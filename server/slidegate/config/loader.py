@@ -32,6 +32,13 @@ _RATE_LIMIT_KEYS = (
 )
 
 
+MAX_MAPPINGS = 100_000  # mappings read from one file, after expanding YAML aliases
+
+
+class _TooLarge(Exception):
+    """The file expands to more than MAX_MAPPINGS mappings."""
+
+
 @dataclass(frozen=True, slots=True)
 class LoadOptions:
     """How to load: ``merge_domains`` lets several files add to one domain (MERGE_DOMAIN_CONFIG);
@@ -41,7 +48,8 @@ class LoadOptions:
     default_algorithm: Algorithm = Algorithm.SLIDING_WINDOW_LOG
 
 
-_STR = "tag:yaml.org,2002:str"
+# LibYAML's composer when PyYAML was built with it (much faster on large files); marks are the same
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _INT = "tag:yaml.org,2002:int"
 _BOOL = "tag:yaml.org,2002:bool"
 _NULL = "tag:yaml.org,2002:null"
@@ -55,12 +63,17 @@ class _File:
         self.options = options
         self.issues: list[ConfigIssue] = []
         self._constructor = yaml.SafeLoader("")
+        self._mappings = 0
 
     def issue(self, node: yaml.Node | None, field: str, message: str) -> None:
         line = node.start_mark.line + 1 if node is not None else 0
         self.issues.append(ConfigIssue(self.path, line, field, message))
 
     def mapping(self, node: yaml.Node, field: str, allowed: tuple[str, ...]) -> dict[str, yaml.Node] | None:
+        # YAML aliases can make a few lines expand to millions of descriptors ("billion laughs")
+        self._mappings += 1
+        if self._mappings > MAX_MAPPINGS:
+            raise _TooLarge
         if not isinstance(node, yaml.MappingNode):
             self.issue(node, field, f"must be a mapping, got {_kind(node)}")
             return None
@@ -89,10 +102,15 @@ class _File:
         return str(node.value)
 
     def integer(self, node: yaml.Node, field: str, maximum: int, minimum: int = 0) -> int | None:
-        if not isinstance(node, yaml.ScalarNode) or node.tag != _INT:
+        # YAML 1.1 reads 1:30 as 90 (base 60); nobody means that in a limit
+        if not isinstance(node, yaml.ScalarNode) or node.tag != _INT or ":" in node.value or len(node.value) > 40:
             self.issue(node, field, f"must be a whole number, got {_describe(node)}")
             return None
-        value = self._constructor.construct_object(node)
+        try:
+            value = self._constructor.construct_object(node)
+        except (ValueError, yaml.YAMLError):
+            self.issue(node, field, f"must be a whole number, got {_describe(node)}")
+            return None
         if not minimum <= value <= maximum:
             self.issue(node, field, f"must be between {minimum} and {maximum}, got {value}")
             return None
@@ -103,10 +121,10 @@ class _File:
         if not isinstance(node, yaml.MappingNode):
             self.issue(node, field, f"must be a mapping, got {_kind(node)}")
             return None
-        value = self._constructor.construct_object(node, deep=True)
         try:
+            value = self._constructor.construct_object(node, deep=True)
             json.dumps(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, yaml.YAMLError):
             self.issue(node, field, "must hold only strings, numbers, booleans, lists and mappings")
             return None
         return dict(value)
@@ -115,7 +133,11 @@ class _File:
         if not isinstance(node, yaml.ScalarNode) or node.tag != _BOOL:
             self.issue(node, field, f"must be true or false, got {_describe(node)}")
             return None
-        return bool(self._constructor.construct_object(node))
+        try:
+            return bool(self._constructor.construct_object(node))
+        except (KeyError, yaml.YAMLError):
+            self.issue(node, field, f"must be true or false, got {_describe(node)}")
+            return None
 
 
 def _kind(node: yaml.Node) -> str:
@@ -154,6 +176,8 @@ def _parse_rate_limit(f: _File, node: yaml.Node, field: str) -> RateLimit | None
         f.issue(fields.get("unit", node), f"{field}.unit", f"is required (one of: {UNIT_NAMES})")
     else:
         try:
+            if not unit_text.isascii():  # str.upper() maps some non-ASCII letters onto ASCII ones
+                raise KeyError(unit_text)
             unit = Unit.parse(unit_text)
         except KeyError:
             f.issue(fields["unit"], f"{field}.unit", f"unknown unit '{unit_text}' (expected one of: {UNIT_NAMES})")
@@ -270,31 +294,53 @@ def _parse_file(path: Path, options: LoadOptions) -> tuple[DomainConfig, int, li
     """Parse one file; return its config (possibly partial), the line of its domain and every issue."""
     f = _File(str(path), options)
     config = DomainConfig(domain="", root=Level(), source=str(path))
+    text = ""
+    if path.exists() and not path.is_file():  # reading a FIFO would block the load forever
+        return config, 0, [ConfigIssue(str(path), 0, "", "not a regular file")]
     try:
         text = path.read_text(encoding="utf-8")
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=_YAML_LOADER)
     except OSError as exc:
         return config, 0, [ConfigIssue(str(path), 0, "", f"cannot read file: {exc.strerror or exc}")]
     except UnicodeDecodeError as exc:
         return config, 0, [ConfigIssue(str(path), 0, "", f"not UTF-8 text: {exc.reason}")]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else 0
-        reason = getattr(exc, "problem", None) or str(exc)
+        position = getattr(exc, "position", None)  # a reader error (e.g. a control character) has no mark
+        line = mark.line + 1 if mark is not None else text[:position].count("\n") + 1 if position is not None else 0
+        reason = getattr(exc, "problem", None) or getattr(exc, "reason", None) or str(exc)
         return config, 0, [ConfigIssue(str(path), line, "", f"invalid YAML: {reason}")]
+    except RecursionError:
+        return config, 0, [ConfigIssue(str(path), 0, "", "invalid YAML: nested too deeply")]
     if root is None:
         return config, 0, [ConfigIssue(str(path), 0, "domain", "is required (the file is empty)")]
+    try:
+        line = _parse_root(f, root, config)
+    except _TooLarge:
+        f.issues.append(ConfigIssue(str(path), 0, "", f"more than {MAX_MAPPINGS} descriptors and limits "
+                                    "(after expanding YAML aliases): split it or drop aliases"))
+        line = 0
+    except RecursionError:
+        f.issues.append(ConfigIssue(str(path), 0, "", "descriptors nested too deeply, or a YAML alias "
+                                    "that contains itself"))
+        line = 0
+    return config, line, f.issues
+
+
+def _parse_root(f: _File, root: yaml.Node, config: DomainConfig) -> int:
+    """Parse a file's top level into ``config``; return the line of its domain."""
     fields = f.mapping(root, "", _TOP_KEYS)
     line = 0
     if fields is not None:
         domain_node = fields.get("domain", root)
         line = domain_node.start_mark.line + 1
+        issues_before = len(f.issues)
         config.domain = (f.string(domain_node, "domain") if "domain" in fields else None) or ""
-        if not config.domain:
+        if not config.domain and len(f.issues) == issues_before:
             f.issue(domain_node, "domain", "is required and must not be empty")
         if "descriptors" in fields:
             _parse_descriptors(f, fields["descriptors"], "descriptors", config.root, config.domain)
-    return config, line, f.issues
+    return line
 
 
 def load_file(path: str | Path, options: LoadOptions = LoadOptions()) -> DomainConfig:
@@ -306,12 +352,13 @@ def load_file(path: str | Path, options: LoadOptions = LoadOptions()) -> DomainC
 
 
 def config_files(directory: str | Path) -> list[Path]:
-    """The config files of a directory: every ``*.yaml``/``*.yml`` directly in it, hidden files excluded,
-    in name order."""
+    """The config files of a directory: every ``*.yaml``/``*.yml`` (any case) directly in it, hidden
+    files excluded, in name order. Anything else that bears such a name (a broken link, a directory) is
+    listed too, so that loading it reports why it cannot be read."""
     directory = Path(directory)
     return sorted(
         p for p in directory.iterdir()
-        if p.suffix in (".yaml", ".yml") and not p.name.startswith(".") and p.is_file()
+        if p.suffix.lower() in (".yaml", ".yml") and not p.name.startswith(".")
     )
 
 
