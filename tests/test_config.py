@@ -198,7 +198,8 @@ def errors(write_config: WriteConfig, text: str) -> list[str]:
             "(expected one of: second, minute, hour, day, week, month, year)"]),
         ("domain: d\ndescriptors: &d [{key: k, descriptors: *d}]\n", [
             "config.yaml: descriptors nested too deeply, or a YAML alias that contains itself"]),
-        ("domain: d\n  bad: indentation\n", ["config.yaml:2: invalid YAML: mapping values are not allowed in this context"]),
+        ("domain: d\n  bad: indentation\n", [
+            "config.yaml:2: invalid YAML: mapping values are not allowed in this context"]),
     ],
 )
 def test_errors_name_file_line_and_field(write_config: WriteConfig, text: str, expected: list[str]) -> None:
