@@ -32,6 +32,8 @@ def redis_url() -> Iterator[str]:
         client.close()
         yield url
         return
+    except ValueError as exc:
+        pytest.exit(f"REDIS_URL={url!r} is not a Redis URL ({exc}); unset it or fix it", returncode=3)
     except (redis.RedisError, OSError):
         pass
     try:

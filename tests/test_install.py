@@ -42,6 +42,7 @@ def test_pip_install_then_serve(tmp_path: Path, write_config: Callable[..., Path
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             reply = rls_pb2_grpc.RateLimitServiceStub(channel).ShouldRateLimit(
                 request("d", descriptor(("k", "v"))), timeout=5)
-        assert reply.overall_code == OK and reply.statuses[0].limit_remaining == 2
     finally:
-        assert stack.stop(process) == 0
+        code = stack.stop(process)
+    assert reply.overall_code == OK and reply.statuses[0].limit_remaining == 2
+    assert code == 0

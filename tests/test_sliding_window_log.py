@@ -13,6 +13,7 @@ from slidegate.config import load_directory
 from slidegate.keys import limit_key
 from slidegate.limiter import UNLIMITED_REMAINING, Descriptor, Limiter, LimiterOptions
 from tests.conftest import Clock
+from tests.redis_servers import RedisServer
 
 CONFIG = """
 domain: test
@@ -212,10 +213,20 @@ async def test_memory_is_bounded_by_the_limit(
     assert not redis_client.exists(key)  # every hit expired: the key is gone
 
 
-async def test_script_flush_is_not_an_error(limiter: Limiter, redis_client: redis.Redis) -> None:
-    await limiter.should_rate_limit("test", [d("a")])
-    redis_client.script_flush()
-    [s] = await limiter.should_rate_limit("test", [d("a")])
+async def test_script_flush_is_not_an_error(
+    write_config: Callable[..., Path], private_redis: RedisServer, clock: Clock
+) -> None:
+    config = load_directory(write_config(CONFIG))
+    backend = RedisBackend(private_redis.url)
+    limiter = Limiter(lambda: config, backend, clock=clock)
+    try:
+        await limiter.should_rate_limit("test", [d("a")])
+        client = redis.Redis.from_url(private_redis.url)
+        client.script_flush()  # a Redis of this test's own: the shared one's scripts stay
+        client.close()
+        [s] = await limiter.should_rate_limit("test", [d("a")])
+    finally:
+        await backend.close()
     assert s.remaining == 8
 
 

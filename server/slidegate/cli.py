@@ -6,6 +6,7 @@ follow envoyproxy/ratelimit where it has one).
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import sys
@@ -16,6 +17,8 @@ from slidegate import __version__
 from slidegate.algorithms import Algorithm
 from slidegate.config import ConfigError, LoadOptions, RateLimit, load_directory
 
+# every option of slidegate's commands also reads the environment variable --help shows
+option = functools.partial(click.option, show_envvar=True)
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*$")
 
 
@@ -38,8 +41,8 @@ class _Duration(click.ParamType):  # type: ignore[type-arg]  # generic only in n
             seconds = parse_duration(str(value))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
-        if seconds <= 0:
-            self.fail("must be greater than zero", param, ctx)
+        if not 0 < seconds <= 60:
+            self.fail("must be more than 0 and at most 60 s", param, ctx)
         return seconds
 
 
@@ -50,32 +53,32 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--config", "config_dir", required=True, envvar="CONFIG_DIR",
+@option("--config", "config_dir", required=True, envvar="CONFIG_DIR",
               type=click.Path(file_okay=False), help="Directory of rate-limit YAML files.")
-@click.option("--backend", envvar="BACKEND_TYPE", default="redis", type=click.Choice(["redis", "memory"]),
+@option("--backend", envvar="BACKEND_TYPE", default="redis", type=click.Choice(["redis", "memory"]),
               help="Where counters live: Redis (shared by replicas) or this process's memory.")
-@click.option("--redis-url", envvar="REDIS_URL", default="redis://127.0.0.1:6379/0",
+@option("--redis-url", envvar="REDIS_URL", default="redis://127.0.0.1:6379/0",
               help="Redis to keep the counters in.")
-@click.option("--redis-pool-size", envvar="REDIS_POOL_SIZE", default=64, type=click.IntRange(1, 10_000),
+@option("--redis-pool-size", envvar="REDIS_POOL_SIZE", default=64, type=click.IntRange(1, 10_000),
               help="Redis connections at most; calls beyond wait for one (within the Redis timeout).")
-@click.option("--redis-timeout", envvar="REDIS_TIMEOUT", default="250ms", type=_Duration(),
+@option("--redis-timeout", envvar="REDIS_TIMEOUT", default="250ms", type=_Duration(),
               help="Time allowed for one Redis decision before answering UNAVAILABLE.")
-@click.option("--host", envvar="GRPC_HOST", default="0.0.0.0", help="Address to listen on for gRPC.")
-@click.option("--grpc-port", envvar="GRPC_PORT", default=8081, type=click.IntRange(0, 65535),
+@option("--host", envvar="GRPC_HOST", default="0.0.0.0", help="Address to listen on for gRPC.")
+@option("--grpc-port", envvar="GRPC_PORT", default=8081, type=click.IntRange(0, 65535),
               help="gRPC port (0 picks a free one).")
-@click.option("--cache-key-prefix", envvar="CACHE_KEY_PREFIX", default="", help="Prefix of every Redis key.")
-@click.option("--default-algorithm", envvar="DEFAULT_ALGORITHM", default=Algorithm.SLIDING_WINDOW_LOG.value,
+@option("--cache-key-prefix", envvar="CACHE_KEY_PREFIX", default="", help="Prefix of every Redis key.")
+@option("--default-algorithm", envvar="DEFAULT_ALGORITHM", default=Algorithm.SLIDING_WINDOW_LOG.value,
               type=click.Choice([a.value for a in Algorithm]), help="Algorithm of limits that name none.")
-@click.option("--merge-domain-config/--no-merge-domain-config", envvar="MERGE_DOMAIN_CONFIG", default=False,
+@option("--merge-domain-config/--no-merge-domain-config", envvar="MERGE_DOMAIN_CONFIG", default=False,
               help="Let several files add descriptors to one domain.")
-@click.option("--shadow-mode/--no-shadow-mode", envvar="SHADOW_MODE", default=False,
+@option("--shadow-mode/--no-shadow-mode", envvar="SHADOW_MODE", default=False,
               help="Evaluate and count every limit but answer OK overall (descriptors keep their codes).")
-@click.option("--stop-cache-key-increment-when-overlimit/--no-stop-cache-key-increment-when-overlimit",
+@option("--stop-cache-key-increment-when-overlimit/--no-stop-cache-key-increment-when-overlimit",
               envvar="STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", default=False,
               help="fixed_window: do not count hits of requests that are over limit.")
-@click.option("--response-dynamic-metadata/--no-response-dynamic-metadata", envvar="RESPONSE_DYNAMIC_METADATA",
+@option("--response-dynamic-metadata/--no-response-dynamic-metadata", envvar="RESPONSE_DYNAMIC_METADATA",
               default=False, help="Describe the request and matched rules' metadata in dynamic_metadata.")
-@click.option("--log-level", envvar="LOG_LEVEL", default="info",
+@option("--log-level", envvar="LOG_LEVEL", default="info",
               type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
 def serve(
     config_dir: str, backend: str, redis_url: str, redis_pool_size: int, redis_timeout: float, host: str,
@@ -108,9 +111,9 @@ def serve(
 
 @main.command("check-config")
 @click.argument("config_dir", type=click.Path(file_okay=False))
-@click.option("--default-algorithm", envvar="DEFAULT_ALGORITHM", default=Algorithm.SLIDING_WINDOW_LOG.value,
+@option("--default-algorithm", envvar="DEFAULT_ALGORITHM", default=Algorithm.SLIDING_WINDOW_LOG.value,
               type=click.Choice([a.value for a in Algorithm]), help="Algorithm of limits that name none.")
-@click.option("--merge-domain-config/--no-merge-domain-config", envvar="MERGE_DOMAIN_CONFIG", default=False,
+@option("--merge-domain-config/--no-merge-domain-config", envvar="MERGE_DOMAIN_CONFIG", default=False,
               help="Let several files add descriptors to one domain.")
 def check_config(config_dir: str, default_algorithm: str, merge_domain_config: bool) -> None:
     """Validate a config directory offline: print every error, or a summary of what loads."""
@@ -121,6 +124,8 @@ def check_config(config_dir: str, default_algorithm: str, merge_domain_config: b
             click.echo(str(issue), err=True)
         click.echo(f"{len(exc.issues)} error(s)", err=True)
         sys.exit(1)
+    if not config.domains:
+        click.echo(f"warning: no domain in {config_dir} (no *.yaml or *.yml files)", err=True)
     for name, domain in sorted(config.domains.items()):
         click.echo(f"domain {name} ({domain.source}):")
         for path, limit in domain.limits():
@@ -146,7 +151,7 @@ def describe_limit(limit: RateLimit) -> str:
 
 
 @main.command()
-@click.option("--redis-url", envvar="REDIS_URL", default="redis://127.0.0.1:6379/0",
+@option("--redis-url", envvar="REDIS_URL", default="redis://127.0.0.1:6379/0",
               help="Redis the demo's slidegate uses (its keys get a fresh prefix each run).")
 def demo(redis_url: str) -> None:
     """Start slidegate, a demo upstream and Envoy; send traffic through Envoy; show what each request got."""

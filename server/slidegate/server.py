@@ -60,7 +60,7 @@ async def start_server(
     server.add_generic_rpc_handlers((service.handler(),))
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    address = f"{host}:{port}"
+    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)
     except RuntimeError as exc:  # grpcio raises RuntimeError, not OSError, for a port in use
@@ -77,6 +77,8 @@ async def serve(options: ServeOptions, ready: asyncio.Event | None = None) -> No
     OSError when the port is taken."""
     load = LoadOptions(merge_domains=options.merge_domain_config, default_algorithm=options.default_algorithm)
     config = load_directory(options.config_dir, load)
+    if not config.domains:
+        log.warning("no domain in %s: every request will be answered OK with no limit", options.config_dir)
     backend = make_backend(options)
     limiter = Limiter(lambda: config, backend, LimiterOptions(
         key_prefix=options.key_prefix, default_algorithm=options.default_algorithm,

@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import struct_pb2
+from google.protobuf.message import DecodeError
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate._proto.slidegate.wire.v1 import lenient_pb2
@@ -31,7 +32,12 @@ METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 # envoy.type.v3.RateLimitUnit numbers (no WEEK)
 _OVERRIDE_UNITS = {1: Unit.SECOND, 2: Unit.MINUTE, 3: Unit.HOUR, 4: Unit.DAY, 5: Unit.MONTH, 6: Unit.YEAR}
 
-Context = grpc.aio.ServicerContext[lenient_pb2.LenientRateLimitRequest, rls_pb2.RateLimitResponse]
+Request = lenient_pb2.LenientRateLimitRequest
+Context = grpc.aio.ServicerContext[Request | DecodeError, rls_pb2.RateLimitResponse]
+# Bounds on one request, far above what Envoy sends, so that one call cannot stall the service or Redis.
+MAX_DESCRIPTORS = 1000
+MAX_ENTRIES = 64
+MAX_TEXT_BYTES = 16384  # a key or value; Envoy's own header value limit is of this order
 
 
 class InvalidRequest(ValueError):
@@ -42,14 +48,31 @@ def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
-def parse_request(request: lenient_pb2.LenientRateLimitRequest) -> tuple[str, list[Descriptor]]:
+def _decode(data: bytes) -> Request | DecodeError:
+    # a malformed body becomes INVALID_ARGUMENT in the handler, not an UNKNOWN error with a traceback
+    try:
+        return Request.FromString(data)
+    except DecodeError as exc:
+        return exc
+
+
+def parse_request(request: Request) -> tuple[str, list[Descriptor]]:
     """Validate ``request``; return (domain, descriptors). Raises InvalidRequest with the reason."""
     if not request.domain:
         raise InvalidRequest("rate limit domain must not be empty")
     if not request.descriptors:
         raise InvalidRequest("rate limit descriptor list must not be empty")
+    if len(request.descriptors) > MAX_DESCRIPTORS:
+        raise InvalidRequest(f"too many descriptors: {len(request.descriptors)} (at most {MAX_DESCRIPTORS})")
+    if len(request.domain) > MAX_TEXT_BYTES:
+        raise InvalidRequest(f"domain longer than {MAX_TEXT_BYTES} bytes")
     descriptors = []
     for index, d in enumerate(request.descriptors):
+        if len(d.entries) > MAX_ENTRIES:
+            raise InvalidRequest(f"descriptor {index}: too many entries: {len(d.entries)} (at most {MAX_ENTRIES})")
+        for e in d.entries:
+            if len(e.key) > MAX_TEXT_BYTES or len(e.value) > MAX_TEXT_BYTES:
+                raise InvalidRequest(f"descriptor {index}: an entry key or value is longer than {MAX_TEXT_BYTES} bytes")
         override = None
         if d.HasField("limit"):
             unit = _OVERRIDE_UNITS.get(d.limit.unit)
@@ -139,15 +162,15 @@ class RateLimitService:
         """The gRPC handler to add to a server (reads requests leniently, see the module docstring)."""
         method = grpc.unary_unary_rpc_method_handler(
             self.should_rate_limit,
-            request_deserializer=lenient_pb2.LenientRateLimitRequest.FromString,
+            request_deserializer=_decode,
             response_serializer=rls_pb2.RateLimitResponse.SerializeToString,
         )
         return grpc.method_handlers_generic_handler(
             "envoy.service.ratelimit.v3.RateLimitService", {"ShouldRateLimit": method})
 
-    async def should_rate_limit(
-        self, request: lenient_pb2.LenientRateLimitRequest, context: Context
-    ) -> rls_pb2.RateLimitResponse:
+    async def should_rate_limit(self, request: Request | DecodeError, context: Context) -> rls_pb2.RateLimitResponse:
+        if isinstance(request, DecodeError):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed RateLimitRequest: {request}")
         try:
             domain, descriptors = parse_request(request)
         except InvalidRequest as exc:

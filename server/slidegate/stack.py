@@ -108,7 +108,8 @@ def start_slidegate(
     config_dir: str | Path,
     port: int,
     *,
-    redis_url: str,
+    redis_url: str = "",
+    backend: str = "redis",
     key_prefix: str = "",
     extra_args: tuple[str, ...] = (),
     log_file: Any = None,
@@ -117,7 +118,8 @@ def start_slidegate(
     args = [
         sys.executable, "-m", "slidegate", "serve",
         "--config", str(config_dir), "--host", "127.0.0.1", "--grpc-port", str(port),
-        "--redis-url", redis_url, "--cache-key-prefix", key_prefix, *extra_args,
+        "--backend", backend, "--redis-url", redis_url or "redis://127.0.0.1:6379/0",
+        "--cache-key-prefix", key_prefix, *extra_args,
     ]
     process = subprocess.Popen(args, stdout=log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
@@ -147,7 +149,7 @@ def start_envoy(config_text: str, admin_port: int, *, log_file: Any = None) -> s
     return process
 
 
-def stop(process: subprocess.Popen[bytes], timeout: float = 10.0) -> int:
+def stop(process: subprocess.Popen[Any], timeout: float = 10.0) -> int:
     """SIGTERM ``process`` and wait; SIGKILL it if it has not exited after ``timeout`` s. Returns its code."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio import connection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
@@ -35,6 +36,20 @@ def redact(url: str) -> str:
     return urlunsplit(parts)
 
 
+def check_url(url: str) -> None:
+    """Raise ValueError naming the problem unless ``url`` is a usable redis://, rediss:// or unix:// URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"Redis URL {redact(url)!r} must start with redis://, rediss:// or unix://")
+    try:
+        parts.port  # noqa: B018 - urllib checks the port when it is read
+        connection.parse_url(url)
+    except ValueError as exc:
+        raise ValueError(f"Redis URL {redact(url)!r}: {exc}") from exc
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ValueError(f"Redis URL {redact(url)!r} names no host")
+
+
 class RedisBackend:
     """Limits of every algorithm in one Redis (``redis://`` or ``rediss://`` URL).
 
@@ -44,6 +59,7 @@ class RedisBackend:
     """
 
     def __init__(self, url: str, *, timeout: float = 0.25, pool_size: int = 64) -> None:
+        check_url(url)
         self._url = url
         self._timeout = timeout
         pool = aioredis.BlockingConnectionPool.from_url(
@@ -77,7 +93,7 @@ class RedisBackend:
             async with asyncio.timeout(self._timeout if timeout is None else min(timeout, self._timeout)):
                 reply = await self._eval(keys, args)
         except (RedisError, OSError, TimeoutError) as exc:
-            raise BackendUnavailable(f"{self.describe()}: {type(exc).__name__}: {exc}") from exc
+            raise BackendUnavailable(f"{self.describe()}: {_reason(exc)}") from exc
         outcomes = [
             Outcome(over=bool(reply[i]), remaining=int(reply[i + 1]), reset_us=int(reply[i + 2]))
             for i in range(1, len(reply), 3)
@@ -98,7 +114,11 @@ class RedisBackend:
             async with asyncio.timeout(self._timeout):
                 await self._client.ping()
         except (RedisError, OSError, TimeoutError) as exc:
-            raise BackendUnavailable(f"{self.describe()}: {type(exc).__name__}: {exc}") from exc
+            raise BackendUnavailable(f"{self.describe()}: {_reason(exc)}") from exc
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else f"{type(exc).__name__} (no answer in time)"

@@ -1,0 +1,146 @@
+"""`slidegate serve` as a process: settings from flags and environment, start-up errors, the port, the log,
+and many calls in flight at once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+import redis
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slidegate import stack
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from slidegate.backends.redis import redact
+from slidegate.keys import limit_key
+from slidegate.service import METHOD
+from tests.helpers import OK, OVER_LIMIT, descriptor, request
+
+CONFIG = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 150}\n"
+
+
+def serve(config_dir: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 20) -> (
+        subprocess.CompletedProcess[str]):
+    return subprocess.run([sys.executable, "-m", "slidegate", "serve", "--config", str(config_dir), *args],
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--redis-url", "foo://x"), "invalid setting: Redis URL 'foo://x' must start with redis://, rediss:// or unix://"),
+    (("--redis-url", "127.0.0.1:6379"), "must start with redis://, rediss:// or unix://"),
+    (("--redis-url", "redis://127.0.0.1:99999/0"),
+     "invalid setting: Redis URL 'redis://127.0.0.1:99999/0': Port out of range"),
+    (("--redis-url", "redis://:s3cret@127.0.0.1:99999/0"), "Redis URL 'redis://:***@127.0.0.1:99999/0'"),
+    (("--redis-timeout", "0"),
+     "Invalid value for '--redis-timeout' (env var: 'REDIS_TIMEOUT'): must be more than 0 and at most 60 s"),
+    (("--redis-timeout", "soon"), "invalid duration 'soon' (use e.g. 250ms or 0.25s)"),
+    (("--grpc-port", "abc"), "Invalid value for '--grpc-port' (env var: 'GRPC_PORT'): 'abc' is not a valid integer"),
+    (("--default-algorithm", "leaky"),
+     "Invalid value for '--default-algorithm' (env var: 'DEFAULT_ALGORITHM'): 'leaky' is not one of"),
+])
+def test_bad_settings_fail_clearly(write_config: Callable[..., Path], args: tuple[str, ...], message: str) -> None:
+    done = serve(write_config(CONFIG), "--grpc-port", str(stack.free_port()), *args)
+    assert done.returncode != 0
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_environment_variables_and_the_log(write_config: Callable[..., Path], redis_url: str, key_prefix: str) -> None:
+    port = stack.free_port()
+    env = {"GRPC_PORT": str(port), "GRPC_HOST": "127.0.0.1", "REDIS_URL": redis_url, "CACHE_KEY_PREFIX": key_prefix,
+           "DEFAULT_ALGORITHM": "fixed_window"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "slidegate", "serve", "--config", str(write_config(CONFIG))],
+        env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        stack.wait_grpc_serving(port)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            reply = rls_pb2_grpc.RateLimitServiceStub(channel).ShouldRateLimit(request("d", descriptor(("k", "v"))))
+    finally:
+        stack.stop(process)
+    log = process.stdout.read() if process.stdout else ""
+    assert reply.statuses[0].limit_remaining == 149
+    # DEFAULT_ALGORITHM took effect: the limit is kept as a fixed window
+    client = redis.Redis.from_url(redis_url)
+    assert [k.decode() for k in client.scan_iter(match=f"{key_prefix}*")] == [f"{key_prefix}fixed_window{{1:d1:k1:v}}"]
+    client.close()
+    assert f"listening for gRPC on 127.0.0.1:{port}; loaded 1 domains, 1 limits from" in log
+    assert f"storage: redis at {redis_url}" in log
+    assert process.returncode == 0
+
+
+def test_default_grpc_port_is_8081() -> None:
+    from slidegate.cli import serve as command
+
+    port_option = next(p for p in command.params if p.name == "grpc_port")
+    assert (port_option.default, port_option.envvar) == (8081, "GRPC_PORT")
+
+
+def test_a_taken_port_is_an_error(write_config: Callable[..., Path], redis_url: str) -> None:
+    directory = write_config(CONFIG)
+    port = stack.free_port()
+    first = stack.start_slidegate(directory, port, redis_url=redis_url)
+    try:
+        done = serve(directory, "--host", "127.0.0.1", "--grpc-port", str(port), "--redis-url", redis_url)
+    finally:
+        stack.stop(first)
+    assert done.returncode == 1
+    assert f"cannot start: cannot listen on 127.0.0.1:{port}" in done.stderr
+
+
+async def test_many_calls_in_flight_are_all_decided(write_config: Callable[..., Path], redis_url: str,
+                                                    key_prefix: str) -> None:
+    port = stack.free_port()
+    process = stack.start_slidegate(write_config(CONFIG), port, redis_url=redis_url, key_prefix=key_prefix,
+                                    extra_args=("--redis-timeout", "5s"))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+            replies = await asyncio.gather(*(
+                stub.ShouldRateLimit(request("d", descriptor(("k", "burst"))), timeout=30) for _ in range(400)))
+    finally:
+        stack.stop(process)
+    codes = [r.overall_code for r in replies]
+    assert (codes.count(OK), codes.count(OVER_LIMIT)) == (150, 250)
+
+
+async def test_malformed_and_oversized_requests(rls: Callable[..., object]) -> None:
+    stub = await rls(CONFIG)  # type: ignore[misc]
+    raw = stub.channel.unary_unary(METHOD, request_serializer=lambda b: b,
+                                   response_deserializer=rls_pb2.RateLimitResponse.FromString)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await raw(b"\xff\xff\xff\xff")
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (caught.value.details() or "").startswith("malformed RateLimitRequest:")
+    cases = [
+        (request("d", *[descriptor(("k", str(i))) for i in range(1001)]), "too many descriptors: 1001 (at most 1000)"),
+        (request("d", descriptor(*[("k", "v")] * 65)), "descriptor 0: too many entries: 65 (at most 64)"),
+        (request("d", descriptor(("k", "v" * 16385))),
+         "descriptor 0: an entry key or value is longer than 16384 bytes"),
+    ]
+    for req, reason in cases:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.ShouldRateLimit(req)
+        assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, reason)
+
+
+def test_redact_hides_passwords() -> None:
+    assert redact("redis://:pw@h:1/0") == "redis://:***@h:1/0"
+    assert redact("redis://user:pw@h:1/0") == "redis://user:***@h:1/0"
+    assert redact("redis://h:1/0?password=pw&db=2") == "redis://h:1/0?password=***&db=2"
+    assert redact("redis://h:1/0") == "redis://h:1/0"
+
+
+entries = st.lists(st.tuples(st.text(max_size=6), st.text(max_size=6)), max_size=4)
+
+
+@given(a=st.tuples(st.text(max_size=6), entries), b=st.tuples(st.text(max_size=6), entries))
+def test_keys_are_injective(a: tuple[str, list[tuple[str, str]]], b: tuple[str, list[tuple[str, str]]]) -> None:
+    assert (limit_key("p:", "alg", a[0], a[1]) == limit_key("p:", "alg", b[0], b[1])) == (a == b)
