@@ -21,12 +21,15 @@ descriptors:
   - key: generic_key
     value: demo
     rate_limit: {{unit: hour, requests_per_unit: {LIMIT}, name: everyone}}
+  - key: api_key
+    rate_limit: {{unit: hour, requests_per_unit: 1, name: per-key}}
 """
 
 
-def get(port: int, path: str = "/") -> tuple[int, dict[str, str]]:
+def get(port: int, path: str = "/", headers: dict[str, str] | None = None) -> tuple[int, dict[str, str]]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
+        with urllib.request.urlopen(req, timeout=10) as reply:
             return reply.status, {k.lower(): v for k, v in reply.headers.items()}
     except urllib.error.HTTPError as reply:
         return reply.code, {k.lower(): v for k, v in reply.headers.items()}
@@ -89,3 +92,11 @@ def test_limit_through_envoy_then_fail_open(envoy_stack: Stack) -> None:
     status, headers = get(envoy_stack.envoy_port, "/hello")
     assert status == 200
     assert "x-ratelimit-remaining" not in headers
+
+
+def test_header_bytes_that_are_not_utf8_are_limited(envoy_stack: Stack) -> None:
+    # http.client sends header values as Latin-1: "\xff" goes out as the single byte 0xff, which Envoy forwards
+    # to slidegate as it is; it must be limited like any other key, not fail open
+    statuses = [get(envoy_stack.envoy_port, "/k", {"x-api-key": "\xff"})[0] for _ in range(2)]
+    assert statuses == [200, 429]
+    assert get(envoy_stack.envoy_port, "/k", {"x-api-key": "\xfe"})[0] == 200
