@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -121,9 +121,15 @@ def start_slidegate(
         "--backend", backend, "--redis-url", redis_url or "redis://127.0.0.1:6379/0",
         "--cache-key-prefix", key_prefix, *extra_args,
     ]
+    return _start(args, lambda: wait_grpc_serving(port), log_file)
+
+
+def _start(args: list[str], ready: Callable[[], None], log_file: Any) -> subprocess.Popen[bytes]:
+    """Start ``args``, then call ``ready`` (which raises TimeoutError); a process that never gets ready is
+    stopped before the error propagates."""
     process = subprocess.Popen(args, stdout=log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
-        wait_grpc_serving(port)
+        ready()
     except TimeoutError:
         stop(process)
         raise
@@ -138,15 +144,10 @@ def start_envoy(config_text: str, admin_port: int, *, log_file: Any = None) -> s
         envoy_binary(), "-c", handle.name, "--use-dynamic-base-id",
         "--concurrency", "1", "--log-level", "warn",
     ]
-    process = subprocess.Popen(args, stdout=log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
-        wait_envoy_ready(admin_port)
-    except TimeoutError:
-        stop(process)
-        raise
+        return _start(args, lambda: wait_envoy_ready(admin_port), log_file)
     finally:
         os.unlink(handle.name)  # Envoy has read it by the time it is ready (or has given up)
-    return process
 
 
 def stop(process: subprocess.Popen[Any], timeout: float = 10.0) -> int:
