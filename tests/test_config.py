@@ -232,6 +232,11 @@ def test_check_config_command(write_config: WriteConfig) -> None:
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[-1] == "OK: 1 domain(s), 5 limit(s)"
     assert "  [parent=p, child] 3/hour sliding_window_log name=nested" in result.output
+    assert "  [white] no limit" in result.output and "  [only_parent, child=c] no limit" in result.output
+    shadow = write_config("domain: s\ndescriptors:\n  - key: k\n    value: a*\n    share_threshold: true\n"
+                          "    shadow_mode: true\n    metadata: {t: 1}\n    rate_limit: {unit: day}\n", "s.yaml")
+    result = CliRunner().invoke(main, ["check-config", str(shadow)])
+    assert '  [k=a*] 0/day sliding_window_log share_threshold shadow_mode metadata={"t": 1}' in result.output
     write_config("domain: x\nbad: 1\n", "z.yaml")
     result = CliRunner().invoke(main, ["check-config", str(directory)])
     assert result.exit_code == 1

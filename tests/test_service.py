@@ -96,7 +96,7 @@ async def test_invalid_request(rls: Start, req: rls_pb2.RateLimitRequest, reason
 
 
 async def test_redis_down_is_unavailable_in_bounded_time_then_recovers(
-    rls: Start, private_redis: RedisServer
+    rls: Start, private_redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     stub = await rls(CONFIG, url=private_redis.url, timeout=0.2, use_clock=False)
     req = request("api", descriptor(("client", "c")))
@@ -112,6 +112,10 @@ async def test_redis_down_is_unavailable_in_bounded_time_then_recovers(
     private_redis.start()  # same port, empty: the service reconnects by itself
     reply = await stub.ShouldRateLimit(req)
     assert reply.overall_code == OK and reply.statuses[0].limit_remaining == 1
+    # the outage is logged once (with a count), not once per call, and so is the recovery
+    messages = [r.getMessage() for r in caplog.records if r.name == "slidegate.service"]
+    assert [m.split(":")[0] for m in messages] == [
+        "storage unavailable (1 failed calls)", "storage answering again (2 more failed calls before)"]
 
 
 async def test_redis_that_never_answers_is_bounded(rls: Start) -> None:

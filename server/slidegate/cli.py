@@ -7,6 +7,7 @@ follow envoyproxy/ratelimit where it has one).
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import re
 import sys
@@ -15,20 +16,21 @@ import click
 
 from slidegate import __version__
 from slidegate.algorithms import Algorithm
-from slidegate.config import ConfigError, LoadOptions, RateLimit, load_directory
+from slidegate.config import ConfigError, DescriptorNode, LoadOptions, RateLimit, load_directory
 
 # every option of slidegate's commands also reads the environment variable --help shows
 option = functools.partial(click.option, show_envvar=True)
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|h)?\s*$")
+_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
 def parse_duration(text: str) -> float:
-    """``"250ms"``, ``"0.25s"`` or ``"0.25"`` (seconds) → seconds. Raises ValueError."""
+    """``"250ms"``, ``"0.25s"``, ``"1m"`` (Go-style units us, ms, s, m, h) or ``"0.25"`` (seconds) →
+    seconds. Raises ValueError."""
     match = _DURATION.match(text)
     if not match:
         raise ValueError(f"invalid duration {text!r} (use e.g. 250ms or 0.25s)")
-    value = float(match.group(1))
-    return value / 1000 if match.group(2) == "ms" else value
+    return float(match.group(1)) * _SECONDS[match.group(2)]
 
 
 class _Duration(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click stubs
@@ -128,10 +130,21 @@ def check_config(config_dir: str, default_algorithm: str, merge_domain_config: b
         click.echo(f"warning: no domain in {config_dir} (no *.yaml or *.yml files)", err=True)
     for name, domain in sorted(config.domains.items()):
         click.echo(f"domain {name} ({domain.source}):")
-        for path, limit in domain.limits():
-            where = ", ".join(f"{k}={v}" if v is not None else k for k, v in path)
-            click.echo(f"  [{where}] {describe_limit(limit)}")
+        for path, rule in domain.rules():
+            where = ", ".join(f"{node.key}={node.value}" if node.value is not None else node.key for node in path)
+            click.echo(f"  [{where}] {describe_rule(rule)}")
     click.echo(f"OK: {len(config.domains)} domain(s), {config.limit_count()} limit(s)")
+
+
+def describe_rule(rule: DescriptorNode) -> str:
+    """``10/minute sliding_window_log name=x shadow_mode`` (or ``unlimited``, or ``no limit`` for a
+    whitelist entry), with the rule's flags."""
+    text = describe_limit(rule.rate_limit) if rule.rate_limit else "no limit"
+    flags = [f for f in ("share_threshold", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric")
+             if getattr(rule, f)]
+    if rule.metadata:
+        flags.append(f"metadata={json.dumps(rule.metadata, sort_keys=True)}")
+    return " ".join([text, *flags])
 
 
 def describe_limit(limit: RateLimit) -> str:

@@ -182,6 +182,8 @@ class RateLimitService:
         except BackendUnavailable as exc:
             self._log_failure(exc)
             await context.abort(grpc.StatusCode.UNAVAILABLE, "rate limit storage unavailable")
+        if self._last_failure_log:
+            self._log_recovery()
         return build_response(domain, descriptors, statuses, self._options)
 
     def _log_failure(self, exc: BackendUnavailable) -> None:
@@ -192,3 +194,8 @@ class RateLimitService:
             log.warning("storage unavailable (%d failed calls): %s", self._failures, exc)
             self._failures = 0
             self._last_failure_log = now
+
+    def _log_recovery(self) -> None:
+        log.warning("storage answering again (%d more failed calls before)", self._failures)
+        self._failures = 0
+        self._last_failure_log = 0.0

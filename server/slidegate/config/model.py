@@ -121,6 +121,21 @@ class DomainConfig:
             level = node.children
         return Match(node, tuple(key_entries)) if node is not None else None
 
+    def rules(self) -> list[tuple[list[DescriptorNode], DescriptorNode]]:
+        """Every rule that ends a descriptor (it has a limit, or it has no children: a whitelist entry), with
+        the rules that lead to it, in config order."""
+        out: list[tuple[list[DescriptorNode], DescriptorNode]] = []
+
+        def walk(level: Level, path: list[DescriptorNode]) -> None:
+            for node in level.nodes():
+                here = [*path, node]
+                if node.rate_limit is not None or not node.children.nodes():
+                    out.append((here, node))
+                walk(node.children, here)
+
+        walk(self.root, [])
+        return out
+
     def limits(self) -> list[tuple[list[tuple[str, str | None]], RateLimit]]:
         """Every limit of the domain with the path of (key, value) that leads to it, in config order."""
         out: list[tuple[list[tuple[str, str | None]], RateLimit]] = []
