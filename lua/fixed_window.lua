@@ -13,7 +13,9 @@ algorithms.fixed_window = {
     local idx = math.floor(now / window)
     local stored = redis.call('HMGET', key, 'w', 'c')
     local count = 0
-    if tonumber(stored[1]) == idx then count = tonumber(stored[2]) or 0 end
+    local w = tonumber(stored[1])
+    if w and w > idx then idx = w end  -- the clock went back: keep counting in the newest window seen
+    if w == idx then count = tonumber(stored[2]) or 0 end
     return {
       key = key, limit = limit, window = window, idx = idx, count = count, changed = false,
       counts_denied = stop_when_over ~= 1,
@@ -30,7 +32,7 @@ algorithms.fixed_window = {
     end
     local over = st.count + hits > st.limit
     if hits > 0 and (not over or st.counts_denied) then
-      st.count = st.count + hits
+      st.count = math.min(st.count + hits, 4503599627370496)  -- 2^52: stays exact; far over any limit
       st.changed = true
     end
     if over then return 1, rem_before, reset, 0, 0, reset end

@@ -17,6 +17,7 @@ algorithms.sliding_window_counter = {
     local stored = redis.call('HMGET', key, 'i', 'c', 'p')
     local cur, prev = 0, 0
     local i = tonumber(stored[1])
+    if i and i > idx then idx = i end  -- the clock went back: keep counting in the newest window seen
     if i == idx then
       cur, prev = tonumber(stored[2]) or 0, tonumber(stored[3]) or 0
     elseif i == idx - 1 then
@@ -27,7 +28,7 @@ algorithms.sliding_window_counter = {
 
   evaluate = function(st, hits, now)
     local w = st.window
-    local e = now - st.idx * w
+    local e = math.max(0, now - st.idx * w)
     local function weighted() return st.prev * (w - e) / w end
     local function remaining() return math.max(0, math.floor(st.limit - st.cur - weighted())) end
     local function reset()

@@ -2,8 +2,9 @@
 --
 -- Parameters: p1 = limit (hits per window), p2 = window (microseconds), p3 unused.
 -- Key: a sorted set. Each admitted request is one member, scored by its time in microseconds and named by
---   the running count of hits recorded in the key after it (C), so two requests at one instant are two
---   members and a request's hits are C minus the C of the member before it. Two bookkeeping members have
+--   the running count of hits recorded in the key after it (C); a request's hits are C minus the C of the
+--   member before it. Scores are distinct: a request in the same microsecond as the newest one (or while the
+--   clock is behind it) is recorded 1 µs after it, so two hits at one instant are two members. Two bookkeeping members have
 --   negative scores (hits have positive ones, so pruning never touches them): "#" is scored -C of the
 --   newest request, "^" -C of the newest request that has left the window. Hits counted = C(#) - C(^).
 --   A key with no hits left is deleted.
@@ -11,6 +12,7 @@
 --   window (at most `limit`) plus two. Every step is O(log n): pruning is one ZREMRANGEBYSCORE, and the
 --   time until enough hits have left is a binary search on C (C grows with time while Redis TIME does).
 -- Negative hits give back the newest hits first.
+
 
 local function log_load(key, limit, window, _, now)
   local cutoff = fmt(now - window)
@@ -26,9 +28,13 @@ local function log_load(key, limit, window, _, now)
     last, base = 0, 0
   end
   local oldest = redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  local newest = redis.call('ZREVRANGEBYSCORE', key, '+inf', '(0', 'WITHSCORES', 'LIMIT', 0, 1)
   return {
     key = key, limit = limit, window = window, last = last, base = base, pend = 0, give = 0,
     oldest = oldest[2] and tonumber(oldest[2]) or nil,
+    -- hits are recorded after the newest one (1 µs later if the clock has not moved on or went back), so
+    -- scores are distinct and C grows with them: Redis would order equal scores by name, as text
+    at = newest[2] and math.max(now, tonumber(newest[2]) + 1) or now,
   }
 end
 
@@ -53,7 +59,7 @@ algorithms.sliding_window_log = {
     local function counted() return st.last - st.base - st.give + st.pend end
     local function reset()
       if st.oldest and st.give < st.last - st.base then return st.oldest + st.window - now end
-      if st.pend > 0 then return st.window end
+      if st.pend > 0 then return st.at + st.window - now end
       return 0
     end
     local rem_before, reset_before = math.max(0, st.limit - counted()), reset()
@@ -67,7 +73,8 @@ algorithms.sliding_window_log = {
       local over_reset = st.window
       if hits <= st.limit then
         -- the request fits once this many of the counted hits have left, oldest first
-        over_reset = log_time_of_count(st, st.base + counted() + hits - st.limit, now) or st.window
+        over_reset = log_time_of_count(st, st.base + counted() + hits - st.limit, now)
+          or (st.at + st.window - now)
       end
       return 1, rem_before, reset_before, 0, 0, over_reset
     end
@@ -98,13 +105,22 @@ algorithms.sliding_window_log = {
     end
     if st.pend > 0 then
       last = last + st.pend
-      redis.call('ZADD', key, fmt(now), fmt(last))
+      redis.call('ZADD', key, fmt(st.at), fmt(last))
     end
     if last - st.base <= 0 then
       redis.call('DEL', key)
     elseif last ~= st.last then
       redis.call('ZADD', key, '-' .. fmt(last), '#')
-      if st.pend > 0 then pexpire_us(key, st.window) end
+      if st.pend > 0 then pexpire_us(key, st.at + st.window - now) end
+      if last > 1125899906842624 then  -- 2^50: start counting from 0 again before C loses precision
+        local members = redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'WITHSCORES')
+        for j = 1, #members, 2 do
+          redis.call('ZREM', key, members[j])
+          redis.call('ZADD', key, members[j + 1], fmt(tonumber(members[j]) - st.base))
+        end
+        redis.call('ZADD', key, '-' .. fmt(last - st.base), '#')
+        redis.call('ZADD', key, '0', '^')
+      end
     end
   end,
 }

@@ -13,10 +13,10 @@
 -- (the time until full when hits > burst, which never fit).
 -- Negative hits put tokens back, up to the capacity.
 
+-- ceil(a / b) for whole a, b below 2^53: the double quotient is off by at most one either way
 local function ceil_div(a, b)
   local q = math.floor(a / b)
-  while q * b < a do q = q + 1 end
-  while q > 0 and (q - 1) * b >= a do q = q - 1 end
+  if q * b < a then q = q + 1 elseif q > 0 and (q - 1) * b >= a then q = q - 1 end
   return q
 end
 
@@ -24,8 +24,11 @@ algorithms.token_bucket = {
   load = function(key, capacity, per_token, per_us, now)
     local stored = redis.call('HMGET', key, 't', 'u')
     local ticks = capacity
+    local updated = now
     if stored[1] then
       ticks = tonumber(stored[1])
+      -- time never runs backwards for a bucket: an earlier clock refills nothing and moves nothing back
+      updated = math.max(now, tonumber(stored[2]))
       local elapsed = now - tonumber(stored[2])
       if elapsed > 0 and per_us > 0 then
         if elapsed >= ceil_div(capacity - ticks, per_us) then
@@ -36,7 +39,7 @@ algorithms.token_bucket = {
       end
       ticks = math.min(ticks, capacity)
     end
-    return {key = key, capacity = capacity, per_token = per_token, per_us = per_us, ticks = ticks}
+    return {key = key, capacity = capacity, per_token = per_token, per_us = per_us, ticks = ticks, updated = updated}
   end,
 
   evaluate = function(st, hits, now)
@@ -69,7 +72,7 @@ algorithms.token_bucket = {
       redis.call('DEL', st.key)
       return
     end
-    redis.call('HSET', st.key, 't', fmt(st.ticks), 'u', fmt(now))
+    redis.call('HSET', st.key, 't', fmt(st.ticks), 'u', fmt(st.updated))
     if st.per_us > 0 then
       pexpire_us(st.key, ceil_div(st.capacity - st.ticks, st.per_us))
     else

@@ -4,6 +4,7 @@ in order (a limit named twice sees the earlier hits), all-or-nothing, fixed wind
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ class Check:
     hits: int  # negative: give back
     burst: int | None = None
     stop_when_over: bool = False
+    shadow: bool = False  # over limit does not reject the request
 
 
 class Model:
@@ -33,8 +35,25 @@ class Model:
         self.log: dict[str, list[list[int]]] = defaultdict(list)  # key -> [[time, hits]] oldest first
         self.windows: dict[str, dict[int, int]] = defaultdict(dict)  # key -> window index -> hits
         self.buckets: dict[str, tuple[Fraction, int]] = {}  # key -> (tokens, time of last update)
+        self._request_at: dict[str, int] = {}
 
     # --- the state of one limit as seen by one check, and what applying hits does to it -----------------
+
+    def _live(self, c: Check, now: int) -> list[list[int]]:
+        """The log's hits still in the window: a hit counts while now - t < window."""
+        return [e for e in self.log[c.key] if now - e[0] < c.window]
+
+    def _at(self, c: Check, now: int) -> int:
+        """When hits are recorded: time never moves back for a limit, so not before its newest record (as it
+        stood when the request came)."""
+        if c.key in self._request_at:
+            return self._request_at[c.key]
+        if c.algorithm == "sliding_window_log":
+            # after the newest hit, 1 µs later if the clock has not moved past it
+            return max([now, *(t + 1 for t, _ in self._live(c, now))])
+        if c.algorithm == "token_bucket" and c.key in self.buckets:
+            return max(now, self.buckets[c.key][1])
+        return now
 
     def _tokens(self, c: Check, now: int) -> Fraction:
         burst = c.limit if c.burst is None else c.burst
@@ -48,7 +67,7 @@ class Model:
     def _view(self, c: Check, now: int) -> tuple[int, int]:
         """(remaining, reset) for the state as it stands."""
         if c.algorithm == "sliding_window_log":
-            live = [e for e in self.log[c.key] if now - e[0] < c.window]
+            live = self._live(c, now)
             counted = sum(h for _, h in live)
             reset = live[0][0] + c.window - now if live else 0
             return max(0, c.limit - counted), reset
@@ -69,7 +88,7 @@ class Model:
         """None when the check's hits fit now; else the time until they would."""
         h = c.hits
         if c.algorithm == "sliding_window_log":
-            live = sorted(e for e in self.log[c.key] if now - e[0] < c.window)
+            live = sorted(self._live(c, now))
             counted = sum(x for _, x in live)
             if counted + h <= c.limit:
                 return None
@@ -105,7 +124,7 @@ class Model:
     def _apply(self, c: Check, now: int) -> None:
         if c.algorithm == "sliding_window_log":
             if c.hits > 0:
-                self.log[c.key].append([now, c.hits])
+                self.log[c.key].append([self._at(c, now), c.hits])
             give = -c.hits
             while give > 0 and self.log[c.key]:
                 newest = self.log[c.key][-1]
@@ -126,13 +145,22 @@ class Model:
                 counts[idx] = counts.get(idx, 0) - take
                 counts[idx - 1] = max(0, counts.get(idx - 1, 0) - (-c.hits - take))
         else:
-            self.buckets[c.key] = (self._tokens(c, now) - c.hits, now)
             burst = c.limit if c.burst is None else c.burst
-            self.buckets[c.key] = (min(self.buckets[c.key][0], Fraction(burst)), now)
+            tokens = min(self._tokens(c, now) - c.hits, Fraction(burst))
+            if tokens >= burst:
+                self.buckets.pop(c.key, None)  # a full bucket is no bucket at all
+            else:
+                self.buckets[c.key] = (tokens, self._at(c, now))
 
     # --- the request ---------------------------------------------------------------------------------------
 
     def decide(self, now: int, checks: list[Check]) -> tuple[bool, list[Answer]]:
+        self._request_at = {}
+        self._request_at = {c.key: self._at(c, now) for c in checks}
+        for c in checks:
+            # hits that have left the window are gone for good, even if the clock later steps back
+            if c.algorithm == "sliding_window_log":
+                self.log[c.key] = self._live(c, now)
         snapshot = (
             {k: [list(e) for e in v] for k, v in self.log.items()},
             {k: dict(v) for k, v in self.windows.items()},
@@ -146,8 +174,10 @@ class Model:
             befores.append(self._view(c, now))
             wait = self._over(c, now) if c.hits >= 0 else None
             if wait is not None:
-                admitted = False
+                admitted = admitted and c.shadow
                 answers.append(Answer(True, 0, wait))
+                if c.algorithm == "token_bucket":
+                    self._apply(dataclasses.replace(c, hits=0), now)  # the bucket's refill so far is kept
                 if c.algorithm == "fixed_window" and not c.stop_when_over:
                     self._apply(c, now)
                     counted_anyway.add(i)

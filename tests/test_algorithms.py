@@ -166,3 +166,30 @@ async def test_token_bucket_burst_and_exact_refill(backend: Backend, key_prefix:
         if not (await bucket.hit(float(second)))[0]:
             admitted_at.append(second)
     assert admitted_at == [math.ceil(10 * k / 3) for k in range(1, 301)]
+
+
+async def test_log_same_instant_requests_leave_together_without_phantoms(backend: Backend, key_prefix: str) -> None:
+    # twelve requests in one microsecond (running counts 1..12 would sort "10" < "9" as text in Redis)
+    limit = Limit(backend, LOG, f"{key_prefix}ties", limit=12)
+    assert [(await limit.hit(1.0))[0] for _ in range(12)] == [False] * 12
+    assert (await limit.hit(1.0))[0] is True
+    # one window later every one of them has left: the whole limit is free again, twice over
+    assert await limit.hit(11.1, hits=0) == (False, 12, 0)
+    assert (await limit.hit(11.1, hits=12))[:2] == (False, 0)
+    assert await limit.hit(21.2, hits=0) == (False, 12, 0)
+
+
+@pytest.mark.parametrize("algorithm", [COUNTER, FIXED])
+async def test_a_clock_stepping_back_resets_nothing(backend: Backend, key_prefix: str, algorithm: Algorithm) -> None:
+    limit = Limit(backend, algorithm, f"{key_prefix}back")
+    await limit.hit(10.5, hits=3)  # the window [10 s, 20 s) is full
+    over, remaining, _ = await limit.hit(9.5)  # Redis TIME stepped back into the window before
+    assert (over, remaining) == (True, 0)
+
+
+async def test_giving_back_everything_empties_a_counter_holding_two_windows(backend: Backend, key_prefix: str) -> None:
+    limit = Limit(backend, COUNTER, f"{key_prefix}empty", limit=10)
+    await limit.hit(9.9, hits=10)
+    await limit.hit(10.0, hits=1)  # the older window (10 hits) still weighs 10: over
+    await limit.hit(19.99, hits=9)  # nearly all of the older window has decayed
+    assert (await limit.hit(19.99, hits=-(2**64 - 1)))[:2] == (False, 10)

@@ -174,6 +174,9 @@ def errors(write_config: WriteConfig, text: str) -> list[str]:
             "config.yaml:4: descriptors[0].shadow_mode: must be true or false, got 'yes please'"]),
         ("domain: d\ndescriptors:\n  - key: k\n    metadata: [1]\n", [
             "config.yaml:4: descriptors[0].metadata: must be a mapping, got a list"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    metadata: {1: a}\n", [
+            "config.yaml:4: descriptors[0].metadata: must hold only strings, numbers, booleans, lists and "
+            "mappings with text keys"]),
         ("domain: d\ndescriptors: {key: k}\n", [
             "config.yaml:2: descriptors: must be a list of descriptors, got a mapping"]),
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: [1]\n", [

@@ -34,7 +34,7 @@ def test_pip_install_then_serve(tmp_path: Path, write_config: Callable[..., Path
     port = stack.free_port()
     process = subprocess.Popen(
         [slidegate, "serve", "--config", str(directory), "--host", "127.0.0.1", "--grpc-port", str(port),
-         "--redis-url", redis_url, "--cache-key-prefix", key_prefix],
+         "--redis-url", redis_url, "--cache-key-prefix", key_prefix, "--http-port", "0", "--debug-port", "0"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:

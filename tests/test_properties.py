@@ -28,23 +28,28 @@ LIMITS = [
     (7, 3_000_000, None, True),
 ]
 
-step = st.tuples(
-    # clock step in microseconds: coarse steps land exactly on window edges, fine ones between them
-    st.one_of(st.sampled_from([0, 1, 250_000, 499_999, 500_000, 1_000_000]), st.integers(0, 1_500_000)),
-    st.lists(
-        st.tuples(st.integers(0, len(LIMITS) - 1), st.sampled_from([-3, -2, -1, 0, 1, 1, 1, 2, 3, 5, 12])),
-        min_size=1, max_size=3,
-    ),
-)
+FORWARD = st.one_of(st.sampled_from([0, 1, 250_000, 499_999, 500_000, 1_000_000]), st.integers(0, 1_500_000))
+# Redis TIME can step back (NTP, failover); the log and the bucket never let time run backwards per limit
+BACKWARD = st.one_of(FORWARD, st.sampled_from([-1, -300_000, -1_000_000]))
+
+
+def steps(clock: st.SearchStrategy[int]) -> st.SearchStrategy[list[tuple[int, list[tuple[int, int, bool]]]]]:
+    """Steps of (clock step in microseconds, [(limit index, hits, shadow)]): coarse clock steps land exactly on
+    window edges, fine ones between them."""
+    check = st.tuples(st.integers(0, len(LIMITS) - 1), st.sampled_from([-50, -3, -2, -1, 0, 1, 1, 1, 2, 3, 5, 12]),
+                      st.sampled_from([False, False, False, True]))
+    return st.lists(st.tuples(clock, st.lists(check, min_size=1, max_size=4)), min_size=1, max_size=40)
 
 
 @pytest.mark.parametrize("backend_name", ["redis", "memory"])
 @pytest.mark.parametrize("algorithm", list(Algorithm))
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(steps=st.lists(step, min_size=1, max_size=40))
+@given(data=st.data())
 def test_backend_agrees_with_model(
-    redis_url: str, backend_name: str, algorithm: Algorithm, steps: list[tuple[int, list[tuple[int, int]]]]
+    redis_url: str, backend_name: str, algorithm: Algorithm, data: st.DataObject
 ) -> None:
+    clock = BACKWARD if algorithm in (Algorithm.SLIDING_WINDOW_LOG, Algorithm.TOKEN_BUCKET) else FORWARD
+    trace = data.draw(steps(clock))
     prefix = f"sgprop-{uuid.uuid4().hex}:"
 
     async def run() -> None:
@@ -52,16 +57,17 @@ def test_backend_agrees_with_model(
         model = Model()
         now = 1_700_000_000_000_000
         try:
-            for clock_step, picks in steps:
+            for clock_step, picks in trace:
                 now += clock_step
                 checks = [
                     Check(f"{prefix}{i}", LIMITS[i][0], LIMITS[i][1], hits, algorithm,
-                          burst=LIMITS[i][2], stop_when_over=LIMITS[i][3])
-                    for i, hits in picks
+                          burst=LIMITS[i][2], stop_when_over=LIMITS[i][3], shadow=shadow)
+                    for i, hits, shadow in picks
                 ]
                 decision = await backend.decide(checks, now)
                 admitted, expected = model.decide(now, [
-                    ModelCheck(c.key, algorithm.value, c.limit, c.window_us, c.hits, c.burst, c.stop_when_over)
+                    ModelCheck(c.key, algorithm.value, c.limit, c.window_us, c.hits, c.burst, c.stop_when_over,
+                               c.shadow)
                     for c in checks
                 ])
                 got = [(o.over, o.remaining, o.reset_us) for o in decision.outcomes]

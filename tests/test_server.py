@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from slidegate.backends.redis import redact
 from slidegate.keys import limit_key
 from slidegate.service import METHOD
+from slidegate.settings import SPECS, Settings, SettingsError
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
 
 CONFIG = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 150}\n"
@@ -28,7 +30,9 @@ CONFIG = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requ
 
 def serve(config_dir: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 20) -> (
         subprocess.CompletedProcess[str]):
-    return subprocess.run([sys.executable, "-m", "slidegate", "serve", "--config", str(config_dir), *args],
+    return subprocess.run([sys.executable, "-m", "slidegate", "serve", "--config", str(config_dir),
+                           "--http-host", "127.0.0.1", "--http-port", "0", "--debug-host", "127.0.0.1",
+                           "--debug-port", "0", *args],
                           capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
@@ -38,12 +42,14 @@ def serve(config_dir: Path, *args: str, env: dict[str, str] | None = None, timeo
     (("--redis-url", "redis://127.0.0.1:99999/0"),
      "invalid setting: Redis URL 'redis://127.0.0.1:99999/0': Port out of range"),
     (("--redis-url", "redis://:s3cret@127.0.0.1:99999/0"), "Redis URL 'redis://:***@127.0.0.1:99999/0'"),
-    (("--redis-timeout", "0"),
-     "Invalid value for '--redis-timeout' (env var: 'REDIS_TIMEOUT'): must be more than 0 and at most 60 s"),
+    (("--redis-timeout", "0"), "--redis-timeout / REDIS_TIMEOUT (--redis-timeout): '0' must be more than 0 and "
+                               "at most 60 s"),
     (("--redis-timeout", "soon"), "invalid duration 'soon' (use e.g. 250ms or 0.25s)"),
-    (("--grpc-port", "abc"), "Invalid value for '--grpc-port' (env var: 'GRPC_PORT'): 'abc' is not a valid integer"),
-    (("--default-algorithm", "leaky"),
-     "Invalid value for '--default-algorithm' (env var: 'DEFAULT_ALGORITHM'): 'leaky' is not one of"),
+    (("--grpc-port", "abc"), "--grpc-port / GRPC_PORT (--grpc-port): invalid literal for int() with base 10: 'abc'"),
+    (("--default-algorithm", "leaky"), "--default-algorithm / DEFAULT_ALGORITHM (--default-algorithm): "
+                                       "'leaky' is not a valid Algorithm"),
+    (("--shadow-mode", "perhaps"), "--shadow-mode / SHADOW_MODE (--shadow-mode): 'perhaps' is not true or false"),
+    (("--grpc-server-use-tls", "true"), "GRPC_SERVER_USE_TLS needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY"),
 ])
 def test_bad_settings_fail_clearly(write_config: Callable[..., Path], args: tuple[str, ...], message: str) -> None:
     done = serve(write_config(CONFIG), "--grpc-port", str(stack.free_port()), *args)
@@ -55,7 +61,8 @@ def test_bad_settings_fail_clearly(write_config: Callable[..., Path], args: tupl
 def test_environment_variables_and_the_log(write_config: Callable[..., Path], redis_url: str, key_prefix: str) -> None:
     port = stack.free_port()
     env = {"GRPC_PORT": str(port), "GRPC_HOST": "127.0.0.1", "REDIS_URL": redis_url, "CACHE_KEY_PREFIX": key_prefix,
-           "DEFAULT_ALGORITHM": "fixed_window"}
+           "DEFAULT_ALGORITHM": "fixed_window", "HOST": "127.0.0.1", "PORT": "0", "DEBUG_HOST": "127.0.0.1",
+           "DEBUG_PORT": "0"}
     process = subprocess.Popen(
         [sys.executable, "-m", "slidegate", "serve", "--config", str(write_config(CONFIG))],
         env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -71,16 +78,37 @@ def test_environment_variables_and_the_log(write_config: Callable[..., Path], re
     client = redis.Redis.from_url(redis_url)
     assert [k.decode() for k in client.scan_iter(match=f"{key_prefix}*")] == [f"{key_prefix}fixed_window{{1:d1:k1:v}}"]
     client.close()
-    assert f"listening for gRPC on 127.0.0.1:{port}; loaded 1 domains, 1 limits from" in log
+    assert re.search(rf"listening for gRPC on 127.0.0.1:{port}, HTTP on 127.0.0.1:\d+, debug on 127.0.0.1:\d+; "
+                     r"loaded 1 domains, 1 limits from ", log), log
     assert f"storage: redis at {redis_url}" in log
     assert process.returncode == 0
 
 
-def test_default_grpc_port_is_8081() -> None:
-    from slidegate.cli import serve as command
+def test_defaults_and_precedence() -> None:
+    defaults = Settings.load({})
+    assert (defaults.grpc_port, defaults.redis_url, defaults.http_port, defaults.debug_port) == (
+        8081, "redis://127.0.0.1:6379/0", 8080, 6070)
+    assert defaults.config_path == Path("/srv/runtime_data/current/config")
+    env = {"GRPC_PORT": "9000", "RUNTIME_ROOT": "/r", "RUNTIME_SUBDIRECTORY": "s", "SHADOW_MODE": "TRUE"}
+    from_env = Settings.load(env)
+    assert (from_env.grpc_port, from_env.config_path, from_env.shadow_mode) == (9000, Path("/r/s/config"), True)
+    assert Settings.load(env, {"grpc_port": "9100", "config_dir": "/c"}).grpc_port == 9100
+    assert Settings.load(env, {"config_dir": "/c"}).config_path == Path("/c")
+    with pytest.raises(SettingsError) as caught:
+        Settings.load({"GRPC_PORT": "70000", "NEAR_LIMIT_RATIO": "2", "LOG_FORMAT": "xml"})
+    assert str(caught.value).splitlines()[1:] == [
+        "  --grpc-port / GRPC_PORT (GRPC_PORT): 70000 is not a port (0-65535)",
+        "  --log-format / LOG_FORMAT (LOG_FORMAT): 'xml' is not one of text, json",
+        "  --near-limit-ratio / NEAR_LIMIT_RATIO (NEAR_LIMIT_RATIO): 2.0 must be more than 0 and at most 1",
+    ]
 
-    port_option = next(p for p in command.params if p.name == "grpc_port")
-    assert (port_option.default, port_option.envvar) == (8081, "GRPC_PORT")
+
+def test_readme_lists_every_setting() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    rows = re.findall(r"^\| `(--[a-z0-9-]+)` \| `([A-Z_]+)` \| (.*?) \|", readme, re.MULTILINE)
+    assert [(flag, env) for flag, env, _ in rows] == [(s.flag, s.env) for s in SPECS]
+    for (_, _, default), spec in zip(rows, SPECS, strict=True):
+        assert default == (f"`{spec.default}`" if spec.default else "(empty)"), spec.env
 
 
 def test_a_taken_port_is_an_error(write_config: Callable[..., Path], redis_url: str) -> None:

@@ -7,11 +7,13 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+import pytest
 from google.protobuf import json_format
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate._proto.envoy.type.v3 import ratelimit_unit_pb2
 from slidegate._proto.slidegate.wire.v1 import lenient_pb2
+from slidegate.algorithms import Algorithm
 from slidegate.service import METHOD
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
 
@@ -158,3 +160,48 @@ async def test_values_that_are_not_utf8_are_limited(rls: Start) -> None:
     # a different byte string is a different client
     entry.value = b"\xff\xfd"
     assert (await call(raw)).overall_code == OK
+
+
+async def test_overrides_beyond_exact_counting_are_refused(rls: Start) -> None:
+    stub = await rls(CONFIG, limiter_options={"default_algorithm": Algorithm.TOKEN_BUCKET})
+    cases = [
+        ((1, ratelimit_unit_pb2.YEAR, 1000), "limit override window of 31536000000 s is longer than the "
+                                             "9007199254 s allowed"),
+        ((4294967291, ratelimit_unit_pb2.YEAR, 1), "limit override is a token bucket too large to count exactly"),
+    ]
+    for (requests, unit, multiplier), reason in cases:
+        d = descriptor(("user", "o"))
+        d.limit.requests_per_unit, d.limit.unit = requests, unit
+        d.limit.unit_multiplier.value = multiplier
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.ShouldRateLimit(request("f", d))
+        assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, reason)
+
+
+async def test_dynamic_metadata_with_values_that_are_not_utf8(rls: Start) -> None:
+    stub = await rls(CONFIG, answer_options={"dynamic_metadata": True})
+    raw = lenient_pb2.LenientRateLimitRequest(domain=b"f")
+    entry = raw.descriptors.add().entries.add()
+    entry.key, entry.value = b"user", b"\xff"
+    call = stub.channel.unary_unary(METHOD, request_serializer=lenient_pb2.LenientRateLimitRequest.SerializeToString,
+                                    response_deserializer=rls_pb2.RateLimitResponse.FromString)
+    reply = await call(raw)
+    assert reply.overall_code == OK
+    assert json_format.MessageToDict(reply.dynamic_metadata)["descriptors"] == [{"entries": ["user=\\xff"]}]
+
+
+async def test_an_unlimited_rule_replaces_too(rls: Start) -> None:
+    stub = await rls("""
+        domain: r
+        descriptors:
+          - key: remote_address
+            rate_limit: {unit: minute, requests_per_unit: 0, name: per-client}
+          - key: api_key
+            value: premium
+            rate_limit: {unlimited: true, replaces: [{name: per-client}]}
+    """)
+    reply = await stub.ShouldRateLimit(request("r", descriptor(("remote_address", "1.2.3.4")),
+                                               descriptor(("api_key", "premium"))))
+    assert reply.overall_code == OK
+    alone = await stub.ShouldRateLimit(request("r", descriptor(("remote_address", "1.2.3.4"))))
+    assert alone.overall_code == OVER_LIMIT

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from slidegate.backends.base import Check
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import load_directory
 from slidegate.keys import limit_key
@@ -243,3 +244,24 @@ async def test_redis_time_is_the_default_clock(
         await backend.close()
     assert (first.remaining, second.remaining) == (9, 8)
     assert 59 * SECOND < second.reset_us <= 60 * SECOND
+
+
+async def test_running_count_is_rebased_before_it_loses_precision(
+    redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # a key that has counted 2^50 hits over its life (byte-count limits get there): C must start over
+    key = f"{key_prefix}old"
+    base = 2**50
+    now = 1_700_000_000_000_000
+    redis_client.zadd(key, {"#": -(base + 3), "^": -base, str(base + 3): now})
+    redis_client.pexpire(key, 60_000)
+    backend = RedisBackend(redis_url)
+    try:
+        decision = await backend.decide([Check(key, 10, 60 * SECOND, 1)], now + SECOND)
+        assert decision.outcomes[0].remaining == 6  # 3 + 1 of 10
+        assert redis_client.zrange(key, 0, -1, withscores=True) == [
+            ("#", -4.0), ("^", 0.0), ("3", float(now)), ("4", float(now + SECOND))]
+        again = await backend.decide([Check(key, 10, 60 * SECOND, 2)], now + 2 * SECOND)
+        assert again.outcomes[0].remaining == 4
+    finally:
+        await backend.close()

@@ -6,16 +6,22 @@ Transport-neutral: the gRPC service translates protobuf to ``Descriptor`` and ``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from slidegate.algorithms import Algorithm
+from slidegate.algorithms import Algorithm, token_bucket_is_exact
 from slidegate.backends.base import Backend, Check
+from slidegate.config.loader import MAX_WINDOW_SECONDS
 from slidegate.config.model import Config, DescriptorNode, RateLimit
 from slidegate.keys import limit_key
 from slidegate.units import Unit
 
 UNLIMITED_REMAINING = 4294967295  # what envoyproxy/ratelimit reports for unlimited rules (uint32 max)
+
+
+class InvalidOverride(ValueError):
+    """A request's limit override that cannot be counted exactly (too long a window, too big a bucket)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +59,7 @@ class Status:
     reset_us: int = 0
     shadow: bool = False
     rule: DescriptorNode | None = None
+    hits: int = 0
 
 
 NO_LIMIT = Status(limit=None)
@@ -99,6 +106,14 @@ class Limiter:
         if override is not None:
             limit = RateLimit(override.requests_per_unit, override.unit, unit_multiplier=override.unit_multiplier,
                               algorithm=self._options.default_algorithm)
+            # the same bounds as config: every algorithm counts exactly within them
+            if limit.window_seconds > MAX_WINDOW_SECONDS:
+                raise InvalidOverride(f"limit override window of {limit.window_seconds} s is longer than the "
+                                      f"{MAX_WINDOW_SECONDS} s allowed")
+            window_us = limit.window_seconds * 1_000_000
+            if limit.algorithm is Algorithm.TOKEN_BUCKET and not token_bucket_is_exact(
+                    limit.requests_per_unit, window_us, limit.requests_per_unit):
+                raise InvalidOverride("limit override is a token bucket too large to count exactly")
             # an override is its own limit: it does not share a counter with the configured one
             identity = f"{limit.algorithm.value}/{override.requests_per_unit}/{limit.window_seconds}"
             return Status(limit), limit_key(self._options.key_prefix, identity, domain, descriptor.entries)
@@ -117,13 +132,14 @@ class Limiter:
     ) -> list[Status]:
         """One Status per descriptor, in order. ``hits_addend`` is the request-level value (0 ⇒ 1);
         ``timeout`` (seconds) bounds the backend call. Raises BackendUnavailable when the backend cannot
-        decide."""
+        decide and InvalidOverride for an override that cannot be counted."""
         config = self._config()
         if domain not in config.domains:
             return [NO_LIMIT] * len(descriptors)
         matched = [self._match(domain, d, config) for d in descriptors]
-        # a matched limit's `replaces` drops every other matched limit of that name from this request
-        replaced = {name for status, _ in matched if status.limit for name in status.limit.replaces}
+        # a matched limit's `replaces` (an unlimited one's too) drops every other matched limit of that name
+        replaced = {name for status, _ in matched if status.rule and status.rule.rate_limit
+                    for name in status.rule.rate_limit.replaces}
         default_hits = hits_addend or 1
         statuses: list[Status] = []
         checks: list[Check] = []
@@ -136,6 +152,7 @@ class Limiter:
             if limit is None or key is None:
                 continue
             hits = default_hits if descriptor.hits_addend is None else descriptor.hits_addend
+            statuses[-1] = dataclasses.replace(status, hits=-hits if descriptor.negative else hits)
             checks.append(Check(
                 key, limit.requests_per_unit, limit.window_seconds * 1_000_000,
                 -hits if descriptor.negative else hits, limit.algorithm, burst=limit.burst,
@@ -145,6 +162,6 @@ class Limiter:
         if checks:
             decision = await self._backend.decide(checks, self._clock() if self._clock else None, timeout)
             for index, outcome in zip(counted, decision.outcomes, strict=True):
-                s = statuses[index]
-                statuses[index] = Status(s.limit, outcome.over, outcome.remaining, outcome.reset_us, s.shadow, s.rule)
+                statuses[index] = dataclasses.replace(
+                    statuses[index], over=outcome.over, remaining=outcome.remaining, reset_us=outcome.reset_us)
         return statuses

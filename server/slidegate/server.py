@@ -1,68 +1,72 @@
-"""Run the gRPC server: load config, connect the backend, serve until SIGTERM/SIGINT, then drain."""
+"""Run slidegate: load config, connect the backend, serve gRPC and HTTP until SIGTERM/SIGINT, then drain.
+
+While serving, the config directory is watched and reloaded (slidegate.reload), and the storage is pinged
+for the health state (slidegate.health).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
-from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
 
-from slidegate.algorithms import Algorithm
-from slidegate.backends.base import Backend, BackendUnavailable
+from slidegate.backends.base import Backend
 from slidegate.backends.memory import MemoryBackend
-from slidegate.backends.redis import RedisBackend
+from slidegate.backends.redis import RedisBackend, TlsOptions
 from slidegate.config import LoadOptions, load_directory
+from slidegate.health import Health
+from slidegate.httpapi import make_app, start_app
 from slidegate.limiter import Limiter, LimiterOptions
+from slidegate.metrics import Metrics
+from slidegate.reload import ConfigHolder, ConfigWatcher
 from slidegate.service import AnswerOptions, RateLimitService
+from slidegate.settings import Settings
+from slidegate.tls import server_credentials
 
 log = logging.getLogger("slidegate")
-HEALTH_SERVICES = ("", "ratelimit")
+_RLS = "envoy.service.ratelimit.v3.RateLimitService"
 
 
-@dataclass(frozen=True, slots=True)
-class ServeOptions:
-    """What ``slidegate serve`` needs. Times are in seconds."""
-
-    config_dir: str
-    backend: str = "redis"  # or "memory"
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    redis_pool_size: int = 64
-    host: str = "0.0.0.0"
-    grpc_port: int = 8081
-    redis_timeout: float = 0.25
-    key_prefix: str = ""
-    drain_seconds: float = 10.0
-    default_algorithm: Algorithm = Algorithm.SLIDING_WINDOW_LOG
-    merge_domain_config: bool = False
-    shadow_mode: bool = False
-    stop_when_over: bool = False
-    response_dynamic_metadata: bool = False
-
-
-def make_backend(options: ServeOptions) -> Backend:
-    """The storage backend ``options`` ask for. Raises ValueError for a malformed Redis URL."""
-    if options.backend == "memory":
+def make_backend(settings: Settings) -> Backend:
+    """The storage backend the settings ask for. Raises ValueError for a malformed Redis URL."""
+    if settings.backend_type == "memory":
         return MemoryBackend()
-    return RedisBackend(options.redis_url, timeout=options.redis_timeout, pool_size=options.redis_pool_size)
+    url = settings.redis_url
+    if settings.redis_tls and url.startswith("redis://"):
+        url = "rediss://" + url.removeprefix("redis://")
+    if settings.redis_auth:
+        user, _, password = settings.redis_auth.rpartition(":")
+        parts = urlsplit(url)
+        netloc = f"{user}:{password}@{parts.netloc.rsplit('@', 1)[-1]}"
+        url = urlunsplit(parts._replace(netloc=netloc))
+    tls = TlsOptions(settings.redis_tls_cacert, settings.redis_tls_client_cert, settings.redis_tls_client_key,
+                     check_hostname=not settings.redis_tls_skip_hostname_verification)
+    return RedisBackend(url, timeout=settings.redis_timeout, pool_size=settings.redis_pool_size, tls=tls)
 
 
 async def start_server(
-    service: RateLimitService, host: str, port: int
+    service: RateLimitService, host: str, port: int, credentials: grpc.ServerCredentials | None = None
 ) -> tuple[grpc.aio.Server, HealthServicer, int]:
-    """Start a gRPC server with the rate-limit and health services on ``host:port``; return it, its health
-    servicer (statuses still unset) and the bound port. Raises OSError when the address cannot be bound."""
+    """Start a gRPC server with the rate-limit, health and reflection services on ``host:port`` (TLS with
+    ``credentials``); return it, its health servicer (statuses still unset) and the bound port. Raises
+    OSError when the address cannot be bound."""
     # without SO_REUSEPORT a second server on a taken port fails instead of silently sharing it
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((service.handler(),))
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (_RLS, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError as exc:  # grpcio raises RuntimeError, not OSError, for a port in use
         raise OSError(f"cannot listen on {address}: {exc}") from exc
     if bound == 0:
@@ -71,54 +75,81 @@ async def start_server(
     return server, health_servicer, bound
 
 
-async def serve(options: ServeOptions, ready: asyncio.Event | None = None) -> None:
-    """Serve until SIGTERM or SIGINT, then stop accepting calls and let in-flight ones finish (at most
-    ``drain_seconds``). Raises ConfigError for an invalid config, ValueError for a malformed Redis URL and
-    OSError when the port is taken."""
-    load = LoadOptions(merge_domains=options.merge_domain_config, default_algorithm=options.default_algorithm)
-    config = load_directory(options.config_dir, load)
+async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then report not serving, stop taking calls and let in-flight ones
+    finish (at most DRAIN_TIMEOUT). Raises ConfigError for an invalid config, ValueError for a malformed
+    Redis URL and OSError when a port is taken or a TLS file cannot be read."""
+    load = LoadOptions(merge_domains=settings.merge_domain_config, default_algorithm=settings.default_algorithm)
+    directory = settings.config_path
+    holder = ConfigHolder(load_directory(directory, load))
+    config = holder.current
     if not config.domains:
-        log.warning("no domain in %s: every request will be answered OK with no limit", options.config_dir)
-    backend = make_backend(options)
-    limiter = Limiter(lambda: config, backend, LimiterOptions(
-        key_prefix=options.key_prefix, default_algorithm=options.default_algorithm,
-        stop_when_over=options.stop_when_over, shadow_mode=options.shadow_mode,
+        log.warning("no domain in %s: every request will be answered OK with no limit", directory)
+    metrics = Metrics(settings.near_limit_ratio)
+    metrics.config_load_success.inc()
+    backend = make_backend(settings)
+    limiter = Limiter(lambda: holder.current, backend, LimiterOptions(
+        key_prefix=settings.cache_key_prefix, default_algorithm=settings.default_algorithm,
+        stop_when_over=settings.stop_cache_key_increment_when_overlimit, shadow_mode=settings.shadow_mode,
     ))
     service = RateLimitService(limiter, AnswerOptions(
-        shadow_mode=options.shadow_mode, dynamic_metadata=options.response_dynamic_metadata))
-    server, health_servicer, port = await start_server(service, options.host, options.grpc_port)
+        shadow_mode=settings.shadow_mode, dynamic_metadata=settings.response_dynamic_metadata,
+        headers=settings.limit_response_headers_enabled, ietf_headers=settings.limit_response_headers_ietf,
+    ), metrics)
+    credentials = None
+    if settings.grpc_server_use_tls:
+        credentials = server_credentials(settings.grpc_server_tls_cert, settings.grpc_server_tls_key,
+                                         settings.grpc_client_tls_cacert)
+    server, health_servicer, port = await start_server(service, settings.grpc_host, settings.grpc_port, credentials)
+    health = Health(health_servicer)
+    await health.publish()
+    runners = []
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await backend.ping()
+        routes = ("json", "healthcheck", "rlconfig", "metrics") if settings.use_prometheus else (
+            "json", "healthcheck", "rlconfig")
+        runner, http_port = await start_app(make_app(service, lambda: holder.current, health, routes),
+                                            settings.http_host, settings.http_port)
+        runners.append(runner)
+        debug_routes = ("rlconfig", "metrics") if settings.use_prometheus else ("rlconfig",)
+        runner, debug_port = await start_app(make_app(service, lambda: holder.current, health, debug_routes),
+                                             settings.debug_host, settings.debug_port)
+        runners.append(runner)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        watcher = ConfigWatcher(directory, load, holder, metrics, watch_parent=settings.runtime_watch_root)
+        tasks = [asyncio.create_task(health.watch_storage(backend, stop)), asyncio.create_task(watcher.run(stop))]
+        log.info(
+            "listening for gRPC on %s:%d%s, HTTP on %s:%d, debug on %s:%d; loaded %d domains, %d limits from %s",
+            settings.grpc_host, port, " (TLS)" if credentials else "", settings.http_host, http_port,
+            settings.debug_host, debug_port, len(config.domains), config.limit_count(), directory,
+        )
         log.info("storage: %s", backend.describe())
-    except BackendUnavailable as exc:
-        # Keep serving: every call answers UNAVAILABLE until Redis is back, and Envoy's failure mode decides.
-        log.warning("storage not answering yet (%s); calls fail with UNAVAILABLE until it does", exc)
-    for name in HEALTH_SERVICES:
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info(
-        "listening for gRPC on %s:%d; loaded %d domains, %d limits from %s",
-        options.host, port, len(config.domains), config.limit_count(), options.config_dir,
-    )
-    if ready is not None:
-        ready.set()
-    await stop.wait()
-    log.info("shutting down: draining in-flight calls (up to %.0f s)", options.drain_seconds)
-    for name in HEALTH_SERVICES:
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    await server.stop(options.drain_seconds)
-    await backend.close()
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        log.info("shutting down: not serving; draining in-flight calls (up to %.0f s)", settings.drain_timeout)
+        await health.drain()
+        await server.stop(settings.drain_timeout)
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    finally:
+        stop.set()
+        await server.stop(0)
+        for runner in runners:
+            await runner.cleanup()
+        await backend.close()
     log.info("stopped")
 
 
-def run(options: ServeOptions) -> None:
+def run(settings: Settings) -> None:
     """Run ``serve`` on uvloop when it is installed, else on asyncio's default loop."""
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(options))
+        asyncio.run(serve(settings))
     else:
-        uvloop.run(serve(options))
+        uvloop.run(serve(settings))

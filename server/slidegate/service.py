@@ -21,7 +21,9 @@ from google.protobuf.message import DecodeError
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate._proto.slidegate.wire.v1 import lenient_pb2
 from slidegate.backends.base import BackendUnavailable
-from slidegate.limiter import Descriptor, Limiter, Override, Status
+from slidegate.headers import rate_limit_headers
+from slidegate.limiter import Descriptor, InvalidOverride, Limiter, Override, Status
+from slidegate.metrics import Metrics
 from slidegate.units import Unit
 
 log = logging.getLogger(__name__)
@@ -95,10 +97,13 @@ def parse_request(request: Request) -> tuple[str, list[Descriptor]]:
 class AnswerOptions:
     """``shadow_mode``: the overall code is always OK (SHADOW_MODE), each descriptor keeps its code;
     ``dynamic_metadata``: describe the request and the matched rules' ``metadata`` in the response's
-    ``dynamic_metadata`` (RESPONSE_DYNAMIC_METADATA)."""
+    ``dynamic_metadata`` (RESPONSE_DYNAMIC_METADATA); ``headers``/``ietf_headers``: add rate-limit response
+    headers (LIMIT_RESPONSE_HEADERS_ENABLED / LIMIT_RESPONSE_HEADERS_IETF, see slidegate.headers)."""
 
     shadow_mode: bool = False
     dynamic_metadata: bool = False
+    headers: bool = False
+    ietf_headers: bool = False
 
 
 def build_response(
@@ -129,16 +134,25 @@ def build_response(
         out.duration_until_reset.nanos = micros * 1000
     if options.dynamic_metadata:
         response.dynamic_metadata.CopyFrom(_metadata(domain, descriptors, statuses))
+    if options.headers:
+        over = response.overall_code == OVER_LIMIT
+        for key, value in rate_limit_headers(statuses, over, options.ietf_headers):
+            response.response_headers_to_add.add(key=key, value=value)
     return response
+
+
+def _printable(text: str) -> str:
+    # request bytes that are not UTF-8 (kept as surrogate escapes) shown as \xNN: a Struct holds only UTF-8
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _metadata(domain: str, descriptors: list[Descriptor], statuses: list[Status]) -> struct_pb2.Struct:
     """{domain, descriptors: [{entries: ["k=v"], metadata?}], quotaModeEnabled, quotaModeViolations: [i]}."""
     out = struct_pb2.Struct()
-    out["domain"] = domain
+    out["domain"] = _printable(domain)
     items: list[Any] = []
     for descriptor, status in zip(descriptors, statuses, strict=True):
-        item: dict[str, object] = {"entries": [f"{k}={v}" for k, v in descriptor.entries]}
+        item: dict[str, object] = {"entries": [_printable(f"{k}={v}") for k, v in descriptor.entries]}
         if status.rule is not None and status.rule.metadata:
             item["metadata"] = status.rule.metadata
         items.append(item)
@@ -150,11 +164,14 @@ def _metadata(domain: str, descriptors: list[Descriptor], statuses: list[Status]
 
 
 class RateLimitService:
-    """``envoy.service.ratelimit.v3.RateLimitService`` on top of a Limiter."""
+    """``envoy.service.ratelimit.v3.RateLimitService`` on top of a Limiter; ``metrics`` counts decisions."""
 
-    def __init__(self, limiter: Limiter, options: AnswerOptions = AnswerOptions()) -> None:
+    def __init__(
+        self, limiter: Limiter, options: AnswerOptions = AnswerOptions(), metrics: Metrics | None = None
+    ) -> None:
         self._limiter = limiter
         self._options = options
+        self.metrics = metrics or Metrics()
         self._failures = 0
         self._last_failure_log = 0.0
 
@@ -175,16 +192,54 @@ class RateLimitService:
             domain, descriptors = parse_request(request)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        # answer within the caller's deadline (Envoy sends its filter timeout as the gRPC deadline)
-        deadline = context.time_remaining()
         try:
-            statuses = await self._limiter.should_rate_limit(domain, descriptors, request.hits_addend, deadline)
-        except BackendUnavailable as exc:
-            self._log_failure(exc)
+            # answer within the caller's deadline (Envoy sends its filter timeout as the gRPC deadline)
+            return await self.decide(domain, descriptors, request.hits_addend, context.time_remaining())
+        except InvalidOverride as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except BackendUnavailable:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "rate limit storage unavailable")
+
+    async def decide(
+        self, domain: str, descriptors: list[Descriptor], hits_addend: int, timeout: float | None = None
+    ) -> rls_pb2.RateLimitResponse:
+        """Decide a validated request (also used by the HTTP API). Raises BackendUnavailable."""
+        started = time.perf_counter()
+        try:
+            statuses = await self._limiter.should_rate_limit(domain, descriptors, hits_addend, timeout)
+        except BackendUnavailable as exc:
+            self.metrics.storage_errors.inc()
+            self._log_failure(exc)
+            raise
+        self.metrics.storage_latency.observe(time.perf_counter() - started)
         if self._last_failure_log:
             self._log_recovery()
-        return build_response(domain, descriptors, statuses, self._options)
+        response = build_response(domain, descriptors, statuses, self._options)
+        self._record(domain, descriptors, statuses, response)
+        self.metrics.call_latency.observe(time.perf_counter() - started)
+        return response
+
+    def _record(self, domain: str, descriptors: list[Descriptor], statuses: list[Status],
+                response: rls_pb2.RateLimitResponse) -> None:
+        for descriptor, status in zip(descriptors, statuses, strict=True):
+            if status.limit is None:
+                continue
+            rule = status.rule
+            if rule is None:
+                key = "override"
+            else:
+                value = descriptor.entries[-1][1] if descriptor.entries else ""
+                key = self.metrics.key(rule.metric_key, value, rule.detailed_metric or rule.value_to_metric)
+            self.metrics.record(domain, key, hits=status.hits, limit=status.limit.requests_per_unit,
+                                over=status.over, shadow=status.shadow or self._options.shadow_mode,
+                                remaining=status.remaining)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("decision", extra={
+                "domain": domain,
+                "descriptors": [[f"{k}={v}" for k, v in d.entries] for d in descriptors],
+                "codes": [rls_pb2.RateLimitResponse.Code.Name(s.code) for s in response.statuses],
+                "overall": rls_pb2.RateLimitResponse.Code.Name(response.overall_code),
+            })
 
     def _log_failure(self, exc: BackendUnavailable) -> None:
         # an outage fails every call: say so every 10 s with a count, not once per call

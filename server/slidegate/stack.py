@@ -118,6 +118,7 @@ def start_slidegate(
     args = [
         sys.executable, "-m", "slidegate", "serve",
         "--config", str(config_dir), "--host", "127.0.0.1", "--grpc-port", str(port),
+        "--http-host", "127.0.0.1", "--http-port", "0", "--debug-host", "127.0.0.1", "--debug-port", "0",
         "--backend", backend, "--redis-url", redis_url or "redis://127.0.0.1:6379/0",
         "--cache-key-prefix", key_prefix, *extra_args,
     ]

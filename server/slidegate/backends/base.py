@@ -43,12 +43,13 @@ class Check:
 
     def clamped_hits(self) -> int:
         """``hits`` bounded so every implementation computes exactly (in Lua doubles): any number of hits
-        above what the limit (or bucket) can ever hold is equally over limit."""
+        above what the limit (or bucket) can ever hold is equally over limit, and giving back more than was
+        ever counted empties the limit either way."""
+        if self.hits < 0:
+            return max(self.hits, -(MAX_EXACT // 4))
         if self.algorithm is Algorithm.FIXED_WINDOW:
-            ceiling = MAX_EXACT // 4  # fixed windows count denied hits too: keep their number
-        else:
-            ceiling = (self.limit if self.burst is None else max(self.limit, self.burst)) + 1
-        return max(-ceiling, min(self.hits, ceiling))
+            return min(self.hits, MAX_EXACT // 4)  # fixed windows count denied hits too: keep their number
+        return min(self.hits, (self.limit if self.burst is None else max(self.limit, self.burst)) + 1)
 
 
 @dataclass(frozen=True, slots=True)

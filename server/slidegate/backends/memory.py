@@ -21,31 +21,42 @@ from slidegate.backends.base import Check, Decision, Outcome
 Answer = tuple[bool, int, int, int, int, int]
 
 
+def _monotonic_us() -> int:
+    return time.monotonic_ns() // 1000
+
+
 class _Store:
-    """Keys with an expiry time (microseconds on the backend's clock); expired keys vanish on access and in
-    a sweep at most once a second, so memory stays bounded by the live limits."""
+    """Keys with an expiry time; expired keys vanish on access and in a sweep at most once a second, so memory
+    stays bounded by the live limits. As Redis's PEXPIRE, expiry runs on real time (a monotonic clock), not on
+    the decisions' clock, which tests may set."""
 
     def __init__(self) -> None:
         self._data: dict[str, tuple[Any, int]] = {}
         self._next_sweep = 0
 
-    def get(self, key: str, now: int) -> Any:
+    def get(self, key: str, _now: int) -> Any:
         item = self._data.get(key)
         if item is None:
             return None
-        if item[1] <= now:
+        if item[1] <= _monotonic_us():
             del self._data[key]
             return None
         return item[0]
 
-    def set(self, key: str, value: Any, now: int, ttl_us: int) -> None:
+    def set(self, key: str, value: Any, _now: int, ttl_us: int) -> None:
         # whole milliseconds, rounded up, as PEXPIRE in the Lua scripts
-        self._data[key] = (value, now + max(1, math.ceil(ttl_us / 1000)) * 1000)
+        self._data[key] = (value, _monotonic_us() + max(1, math.ceil(ttl_us / 1000)) * 1000)
 
     def delete(self, key: str) -> None:
         self._data.pop(key, None)
 
-    def sweep(self, now: int) -> None:
+    def update(self, key: str, value: Any) -> None:
+        """Replace a key's value, keeping its expiry."""
+        if key in self._data:
+            self._data[key] = (value, self._data[key][1])
+
+    def sweep(self, _now: int) -> None:
+        now = _monotonic_us()
         if now < self._next_sweep:
             return
         self._next_sweep = now + 1_000_000
@@ -73,15 +84,23 @@ class _Log:
     window: int
     entries: list[list[int]]
     total: int
+    at: int  # when this request's hits are recorded: never before the newest recorded hit
     pend: int = 0
     give: int = 0
     counts_denied: bool = False
 
     @classmethod
     def load(cls, store: _Store, key: str, limit: int, window: int, _: int, now: int) -> _Log:
-        entries: list[list[int]] = store.get(key, now) or []
-        entries = [e for e in entries if e[0] > now - window]
-        return cls(key, limit, window, entries, sum(e[2] for e in entries))
+        stored: list[list[int]] = store.get(key, now) or []
+        entries = [e for e in stored if e[0] > now - window]
+        if len(entries) < len(stored):
+            # pruned hits are gone for good, as in Redis, even when this request is rejected
+            if entries:
+                store.update(key, entries)
+            else:
+                store.delete(key)
+        at = max(now, entries[-1][0] + 1) if entries else now
+        return cls(key, limit, window, entries, sum(e[2] for e in entries), at)
 
     def _counted(self) -> int:
         return self.total - self.give + self.pend
@@ -89,7 +108,7 @@ class _Log:
     def _reset(self, now: int) -> int:
         if self.entries and self.give < self.total:
             return self.entries[0][0] + self.window - now
-        return self.window if self.pend > 0 else 0
+        return self.at + self.window - now if self.pend > 0 else 0
 
     def evaluate(self, hits: int, now: int) -> Answer:
         rem_before, reset_before = max(0, self.limit - self._counted()), self._reset(now)
@@ -101,14 +120,15 @@ class _Log:
         if self._counted() + hits > self.limit:
             over_reset = self.window
             if hits <= self.limit:
+                # the oldest stored hits leave first; hits being given back (the newest) never count
                 need, freed = self._counted() + hits - self.limit, 0
-                for t, _, h in self.entries:
-                    if freed >= self.total - self.give:
-                        break
-                    freed += h
-                    if freed >= need:
-                        over_reset = t + self.window - now
-                        break
+                over_reset = self.at + self.window - now
+                if need <= self.total - self.give:
+                    for t, _, h in self.entries:
+                        freed += h
+                        if freed >= need:
+                            over_reset = t + self.window - now
+                            break
             return True, rem_before, reset_before, 0, 0, over_reset
         self.pend += hits
         return False, rem_before, reset_before, max(0, self.limit - self._counted()), self._reset(now), 0
@@ -123,12 +143,12 @@ class _Log:
             give -= newest[2]
             self.entries.pop()
         if self.pend > 0:
-            seq = sum(1 for e in self.entries if e[0] == now)
-            self.entries.append([now, seq, self.pend])
+            seq = sum(1 for e in self.entries if e[0] == self.at)
+            self.entries.append([self.at, seq, self.pend])
         if not self.entries:
             store.delete(self.key)
         elif self.pend > 0:
-            store.set(self.key, self.entries, now, self.window)
+            store.set(self.key, self.entries, now, self.at + self.window - now)
         else:
             store.set(self.key, self.entries, now, self.entries[-1][0] + self.window - now)
 
@@ -151,6 +171,7 @@ class _Counter:
         cur = prev = 0
         stored = store.get(key, now)
         if stored is not None:
+            idx = max(idx, stored[0])  # the clock went back: keep counting in the newest window seen
             if stored[0] == idx:
                 cur, prev = stored[1], stored[2]
             elif stored[0] == idx - 1:
@@ -159,7 +180,7 @@ class _Counter:
 
     def evaluate(self, hits: int, now: int) -> Answer:
         w = self.window
-        e = now - self.idx * w
+        e = max(0, now - self.idx * w)
 
         def weighted() -> float:
             return float(self.prev) * float(w - e) / float(w)
@@ -209,19 +230,22 @@ class _Bucket:
     per_token: int
     per_us: int
     ticks: int
+    updated: int  # time of the last update; never moves back
     counts_denied: bool = False
 
     @classmethod
     def load(cls, store: _Store, key: str, capacity: int, per_token: int, per_us: int, now: int) -> _Bucket:
         ticks = capacity
+        updated = now
         stored = store.get(key, now)
         if stored is not None:
-            ticks, updated = stored
-            elapsed = now - updated
+            ticks, before = stored
+            updated = max(now, before)
+            elapsed = now - before
             if elapsed > 0 and per_us > 0:
                 ticks = capacity if elapsed >= _ceil_div(capacity - ticks, per_us) else ticks + elapsed * per_us
             ticks = min(ticks, capacity)
-        return cls(key, capacity, per_token, per_us, ticks)
+        return cls(key, capacity, per_token, per_us, ticks, updated)
 
     def _until_full(self) -> int:
         if self.ticks >= self.capacity or self.per_us == 0:
@@ -248,7 +272,7 @@ class _Bucket:
             store.delete(self.key)
             return
         ttl = _ceil_div(self.capacity - self.ticks, self.per_us) if self.per_us else 31_536_000_000_000
-        store.set(self.key, (self.ticks, now), now, ttl)
+        store.set(self.key, (self.ticks, self.updated), now, ttl)
 
 
 @dataclass
@@ -267,6 +291,8 @@ class _Fixed:
     def load(cls, store: _Store, key: str, limit: int, window: int, stop_when_over: int, now: int) -> _Fixed:
         idx = now // window
         stored = store.get(key, now)
+        if stored is not None:
+            idx = max(idx, stored[0])  # the clock went back: keep counting in the newest window seen
         count = stored[1] if stored is not None and stored[0] == idx else 0
         return cls(key, limit, window, idx, count, counts_denied=stop_when_over != 1)
 
@@ -279,7 +305,7 @@ class _Fixed:
             return False, rem_before, reset, max(0, self.limit - self.count), reset, 0
         over = self.count + hits > self.limit
         if hits > 0 and (not over or self.counts_denied):
-            self.count += hits
+            self.count = min(self.count + hits, 2**52)  # stays exact (as in Lua); far over any limit
             self.changed = True
         if over:
             return True, rem_before, reset, 0, 0, reset

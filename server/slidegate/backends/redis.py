@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
@@ -50,6 +51,17 @@ def check_url(url: str) -> None:
         raise ValueError(f"Redis URL {redact(url)!r} names no host")
 
 
+@dataclass(frozen=True, slots=True)
+class TlsOptions:
+    """TLS files for a rediss:// URL: CA bundle (empty: the system's), client certificate and key (mutual TLS),
+    and whether the certificate must name the host."""
+
+    ca_certs: str = ""
+    certfile: str = ""
+    keyfile: str = ""
+    check_hostname: bool = True
+
+
 class RedisBackend:
     """Limits of every algorithm in one Redis (``redis://`` or ``rediss://`` URL).
 
@@ -58,10 +70,15 @@ class RedisBackend:
     Raises ValueError for a malformed URL.
     """
 
-    def __init__(self, url: str, *, timeout: float = 0.25, pool_size: int = 64) -> None:
+    def __init__(self, url: str, *, timeout: float = 0.25, pool_size: int = 64, tls: TlsOptions | None = None
+                 ) -> None:
         check_url(url)
         self._url = url
         self._timeout = timeout
+        extra: dict[str, object] = {}
+        if url.startswith("rediss://") and tls is not None:
+            extra = {"ssl_ca_certs": tls.ca_certs or None, "ssl_certfile": tls.certfile or None,
+                     "ssl_keyfile": tls.keyfile or None, "ssl_check_hostname": tls.check_hostname}
         pool = aioredis.BlockingConnectionPool.from_url(
             url,
             max_connections=pool_size,
@@ -71,6 +88,7 @@ class RedisBackend:
             retry=Retry(NoBackoff(), 0),  # a retried EVALSHA could count hits twice
             health_check_interval=0,
             encoding_errors="surrogateescape",  # request bytes that are not UTF-8 travel as they came
+            **extra,
         )
         self._client = aioredis.Redis(connection_pool=pool)
         self._script = lua_script([a.value for a in Algorithm])

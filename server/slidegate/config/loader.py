@@ -121,11 +121,20 @@ class _File:
         if not isinstance(node, yaml.MappingNode):
             self.issue(node, field, f"must be a mapping, got {_kind(node)}")
             return None
+        def plain(value: Any) -> bool:
+            if isinstance(value, dict):
+                return all(isinstance(k, str) and plain(v) for k, v in value.items())
+            if isinstance(value, list):
+                return all(plain(v) for v in value)
+            return value is None or isinstance(value, str | bool | int | float)
+
         try:
             value = self._constructor.construct_object(node, deep=True)
+            if not plain(value):
+                raise TypeError("not plain data")
             json.dumps(value)
         except (TypeError, ValueError, yaml.YAMLError):
-            self.issue(node, field, "must hold only strings, numbers, booleans, lists and mappings")
+            self.issue(node, field, "must hold only strings, numbers, booleans, lists and mappings with text keys")
             return None
         return dict(value)
 
@@ -237,7 +246,9 @@ def _parse_replaces(f: _File, node: yaml.Node, field: str, own_name: str) -> lis
 _FLAGS = ("shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold")
 
 
-def _parse_descriptors(f: _File, node: yaml.Node, field: str, level: Level, domain: str) -> None:
+def _parse_descriptors(
+    f: _File, node: yaml.Node, field: str, level: Level, domain: str, parent: str = ""
+) -> None:
     if not isinstance(node, yaml.SequenceNode):
         if node.tag != _NULL:
             f.issue(node, field, f"must be a list of descriptors, got {_kind(node)}")
@@ -264,10 +275,11 @@ def _parse_descriptors(f: _File, node: yaml.Node, field: str, level: Level, doma
             key=key, value=value, rate_limit=rate_limit, children=Level(),
             source=f"{f.path}:{item.start_mark.line + 1}",
             pattern=wildcard_pattern(value) if wildcard and value is not None else None,
-            metadata=metadata, **flags,
+            metadata=metadata, metric_key=f"{parent}{key}_{value}" if value else f"{parent}{key}", **flags,
         )
         if "descriptors" in fields:
-            _parse_descriptors(f, fields["descriptors"], f"{here}.descriptors", node_out.children, domain)
+            _parse_descriptors(f, fields["descriptors"], f"{here}.descriptors", node_out.children, domain,
+                               f"{node_out.metric_key}.")
         if not _add(level, node_out):
             composite = f"{key}_{value}" if value else key
             f.issue(item, here, f"duplicate descriptor composite key '{domain}.{composite}'")

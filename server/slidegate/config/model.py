@@ -87,6 +87,7 @@ class DescriptorNode:
     detailed_metric: bool = False
     value_to_metric: bool = False
     metadata: dict[str, Any] | None = None
+    metric_key: str = ""  # the rule's path, as envoyproxy/ratelimit names its stats ("key_value.key2")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,55 @@
+"""Whether the service is serving, for the gRPC health service (``""`` and ``ratelimit``) and
+``GET /healthcheck``: only while a config is loaded, the storage answers, and no SIGTERM has come."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from grpc_health.v1 import health_pb2
+from grpc_health.v1._async import HealthServicer
+
+from slidegate.backends.base import Backend, BackendUnavailable
+
+log = logging.getLogger(__name__)
+HEALTH_SERVICES = ("", "ratelimit")
+
+
+class Health:
+    """The serving state, published to a gRPC HealthServicer."""
+
+    def __init__(self, servicer: HealthServicer) -> None:
+        self._servicer = servicer
+        self.storage_ok = False
+        self.draining = False
+
+    @property
+    def serving(self) -> bool:
+        return self.storage_ok and not self.draining
+
+    async def publish(self) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if self.serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in HEALTH_SERVICES:
+            await self._servicer.set(name, status)
+
+    async def drain(self) -> None:
+        """From now on, not serving (the process is stopping)."""
+        self.draining = True
+        await self.publish()
+
+    async def watch_storage(self, backend: Backend, stop: asyncio.Event, interval: float = 1.0) -> None:
+        """Ping the storage every ``interval`` seconds until ``stop``; publish each change."""
+        while not stop.is_set():
+            try:
+                await backend.ping()
+                ok = True
+            except BackendUnavailable as exc:
+                ok = False
+                if self.storage_ok:
+                    log.warning("health: storage not answering (%s)", exc)
+            if ok != self.storage_ok:
+                self.storage_ok = ok
+                await self.publish()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)

@@ -1,0 +1,75 @@
+"""The HTTP endpoints (aiohttp): ``POST /json`` (a RateLimitRequest in proto-JSON, answered with the
+RateLimitResponse: 200 OK, 429 over limit, 400 bad request with the reason, 503 storage unavailable),
+``GET /healthcheck``, ``GET /rlconfig`` (the loaded limits) and ``GET /metrics`` (Prometheus)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+from google.protobuf import json_format
+
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
+from slidegate._proto.slidegate.wire.v1 import lenient_pb2
+from slidegate.backends.base import BackendUnavailable
+from slidegate.config import Config
+from slidegate.config.describe import describe_config
+from slidegate.health import Health
+from slidegate.limiter import InvalidOverride
+from slidegate.service import OVER_LIMIT, InvalidRequest, RateLimitService, parse_request
+
+JSON = "application/json"
+ROUTES = ("json", "healthcheck", "rlconfig", "metrics")
+
+
+def make_app(service: RateLimitService, config: Callable[[], Config], health: Health,
+             routes: tuple[str, ...] = ROUTES) -> web.Application:
+    """An application serving ``routes`` (names from ROUTES)."""
+
+    async def decide(request: web.Request) -> web.Response:
+        try:
+            parsed = json_format.Parse(await request.text(), rls_pb2.RateLimitRequest())
+            lenient = lenient_pb2.LenientRateLimitRequest.FromString(parsed.SerializeToString())
+            domain, descriptors = parse_request(lenient)
+        except (json_format.ParseError, UnicodeDecodeError, InvalidRequest) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        try:
+            response = await service.decide(domain, descriptors, lenient.hits_addend)
+        except InvalidOverride as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        except BackendUnavailable:
+            return web.json_response({"error": "rate limit storage unavailable"}, status=503)
+        status = 429 if response.overall_code == OVER_LIMIT else 200
+        return web.Response(text=json_format.MessageToJson(response, indent=None), status=status, content_type=JSON)
+
+    async def healthcheck(_: web.Request) -> web.Response:
+        return web.Response(text="OK" if health.serving else "NOT SERVING", status=200 if health.serving else 503)
+
+    async def rlconfig(_: web.Request) -> web.Response:
+        return web.Response(text=describe_config(config()))
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=service.metrics.render(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    app = web.Application()
+    table = {"json": web.post("/json", decide), "healthcheck": web.get("/healthcheck", healthcheck),
+             "rlconfig": web.get("/rlconfig", rlconfig), "metrics": web.get("/metrics", metrics)}
+    app.add_routes([table[name] for name in routes])
+    return app
+
+
+async def start_app(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on ``host:port``; return the runner (``await runner.cleanup()`` stops it) and the bound
+    port. Raises OSError when the address cannot be bound."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    sockets = getattr(site._server, "sockets", None)  # aiohttp keeps the listening sockets here (port 0's choice)
+    bound = sockets[0].getsockname()[1] if sockets else port
+    return runner, int(bound)

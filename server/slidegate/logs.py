@@ -1,0 +1,39 @@
+"""Logging set-up: plain text, or one JSON object per line (LOG_FORMAT=json) for log pipelines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """``{"time", "level", "logger", "message", ...extra fields}`` on one line; extra fields come from
+    ``log.info(..., extra={...})``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        out.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    """Send slidegate's logs to stderr at ``level`` (debug … error) as ``fmt`` (text or json)."""
+    handler = logging.StreamHandler()
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

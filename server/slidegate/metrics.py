@@ -1,0 +1,78 @@
+"""Prometheus metrics, named as envoyproxy/ratelimit's stats (``ratelimit.service.rate_limit.<domain>.<key>``
+becomes ``ratelimit_service_rate_limit_<stat>{domain, key}``).
+
+Label values come from the config (a rule's path of keys and values), never from request values, so the number
+of series is bounded by the config: request overrides share the key ``override``, wildcard and key-only rules
+count under their pattern, and ``detailed_metric``/``value_to_metric`` add at most ``DETAILED_VALUES`` request
+values per rule (later ones count under ``_other``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+DETAILED_VALUES = 100
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class Metrics:
+    """The service's metrics in their own registry (so several servers can live in one process)."""
+
+    def __init__(self, near_limit_ratio: float = 0.8) -> None:
+        self.registry = CollectorRegistry()
+        self.near_limit_ratio = near_limit_ratio
+        labels = ("domain", "key")
+
+        def counter(stat: str, doc: str) -> Counter:
+            return Counter(f"ratelimit_service_rate_limit_{stat}", doc, labels, registry=self.registry)
+
+        self.total_hits = counter("total_hits", "hits asked for by requests that matched a limit")
+        self.over_limit = counter("over_limit", "hits over their limit")
+        self.near_limit = counter("near_limit", "hits admitted past NEAR_LIMIT_RATIO of their limit")
+        self.within_limit = counter("within_limit", "hits admitted")
+        self.shadow_mode = counter("shadow_mode", "hits over a limit in shadow or quota mode, admitted anyway")
+        self.config_load_success = Counter("ratelimit_config_load_success", "config (re)loads that worked",
+                                           registry=self.registry)
+        self.config_load_error = Counter("ratelimit_config_load_error", "config (re)loads that failed; the "
+                                         "previous config stays", registry=self.registry)
+        self.storage_errors = Counter("ratelimit_storage_errors", "decisions the storage did not answer in time",
+                                      registry=self.registry)
+        self.storage_latency = Histogram("ratelimit_storage_latency_seconds", "one storage decision",
+                                         buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.call_latency = Histogram("ratelimit_should_rate_limit_latency_seconds", "one ShouldRateLimit call",
+                                      buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self._detailed: dict[str, set[str]] = {}
+
+    def key(self, rule_key: str, value: str, detailed: bool) -> str:
+        """The ``key`` label of one decision: the rule's config path, plus the request value when the rule
+        asks for detailed metrics and fewer than DETAILED_VALUES values were seen for it."""
+        if not detailed:
+            return rule_key
+        seen = self._detailed.setdefault(rule_key, set())
+        if value in seen or len(seen) < DETAILED_VALUES:
+            seen.add(value)
+            return f"{rule_key}_{value}"
+        return f"{rule_key}__other"
+
+    def record(self, domain: str, key: str, *, hits: int, limit: int, over: bool, shadow: bool,
+               remaining: int) -> None:
+        """Count one limited descriptor's decision (``hits`` asked for, ``remaining`` after it)."""
+        if hits <= 0:
+            return
+        labels = (domain, key)
+        self.total_hits.labels(*labels).inc(hits)
+        if over:
+            (self.shadow_mode if shadow else self.over_limit).labels(*labels).inc(hits)
+            return
+        self.within_limit.labels(*labels).inc(hits)
+        near = math.floor(limit * self.near_limit_ratio)
+        used = limit - remaining
+        if used > near:
+            self.near_limit.labels(*labels).inc(min(hits, used - near))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return bytes(generate_latest(self.registry))
+

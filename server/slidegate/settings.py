@@ -1,0 +1,254 @@
+"""Every setting of ``slidegate serve``: one typed object, read from environment variables and overridable by
+command-line flags (a flag wins over its variable, which wins over the default).
+
+Names follow envoyproxy/ratelimit where it has the setting (``REDIS_URL``, ``GRPC_PORT``, ``RUNTIME_ROOT`` …);
+README.md's settings table lists them all and a test keeps it equal to ``SPECS``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slidegate.algorithms import Algorithm
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|h)?\s*$")
+_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used; the message names it (flag and variable) and the value."""
+
+
+def parse_duration(text: str) -> float:
+    """``"250ms"``, ``"0.25s"``, ``"1m"`` (Go-style units us, ms, s, m, h) or ``"0.25"`` (seconds) →
+    seconds. Raises ValueError."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"invalid duration {text!r} (use e.g. 250ms or 0.25s)")
+    return float(match.group(1)) * _SECONDS[match.group(2)]
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off", ""):
+        return False
+    raise ValueError(f"{text!r} is not true or false")
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(f"{value} is not a port (0-65535)")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{value} must be at least 1")
+    return value
+
+
+def _timeout(text: str) -> float:
+    seconds = parse_duration(text)
+    if not 0 < seconds <= 60:
+        raise ValueError(f"{text!r} must be more than 0 and at most 60 s")
+    return seconds
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise ValueError(f"{value} must be more than 0 and at most 1")
+    return value
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        lowered = text.strip().lower()
+        if lowered not in allowed:
+            raise ValueError(f"{text!r} is not one of {', '.join(allowed)}")
+        return lowered
+
+    return parse
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """One setting: its field in Settings, environment variable, flag, default (as text, as the variable
+    would hold it), parser and help."""
+
+    field: str
+    env: str
+    flag: str
+    default: str
+    parse: Callable[[str], Any]
+    help: str
+
+
+SPECS: tuple[Spec, ...] = (
+    Spec("config_dir", "CONFIG_DIR", "--config", "", str,
+         "directory of rate-limit YAML files; empty: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY"),
+    Spec("runtime_root", "RUNTIME_ROOT", "--runtime-root", "/srv/runtime_data/current", str,
+         "root of the runtime directory (envoyproxy/ratelimit's layout)"),
+    Spec("runtime_subdirectory", "RUNTIME_SUBDIRECTORY", "--runtime-subdirectory", "", str,
+         "subdirectory of RUNTIME_ROOT"),
+    Spec("runtime_appdirectory", "RUNTIME_APPDIRECTORY", "--runtime-appdirectory", "config", str,
+         "directory of the YAML files inside RUNTIME_ROOT/RUNTIME_SUBDIRECTORY"),
+    Spec("runtime_watch_root", "RUNTIME_WATCH_ROOT", "--runtime-watch-root", "true", _bool,
+         "watch the config directory's parent too, so a swapped symlink (Kubernetes ConfigMap) is seen"),
+    Spec("backend_type", "BACKEND_TYPE", "--backend", "redis", _choice("redis", "memory"),
+         "redis (shared by every replica) or memory (this process only)"),
+    Spec("redis_url", "REDIS_URL", "--redis-url", "redis://127.0.0.1:6379/0", str,
+         "Redis keeping the counters: redis://, rediss:// (TLS) or unix://"),
+    Spec("redis_auth", "REDIS_AUTH", "--redis-auth", "", str,
+         "Redis password, or user:password (ACL); overrides one in the URL"),
+    Spec("redis_tls", "REDIS_TLS", "--redis-tls", "false", _bool, "connect to Redis with TLS (as rediss://)"),
+    Spec("redis_tls_cacert", "REDIS_TLS_CACERT", "--redis-tls-cacert", "", str,
+         "CA bundle to verify Redis's certificate (empty: the system's)"),
+    Spec("redis_tls_client_cert", "REDIS_TLS_CLIENT_CERT", "--redis-tls-client-cert", "", str,
+         "client certificate for Redis (mutual TLS)"),
+    Spec("redis_tls_client_key", "REDIS_TLS_CLIENT_KEY", "--redis-tls-client-key", "", str,
+         "key of REDIS_TLS_CLIENT_CERT"),
+    Spec("redis_tls_skip_hostname_verification", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+         "--redis-tls-skip-hostname-verification", "false", _bool,
+         "accept a Redis certificate for another host name"),
+    Spec("redis_pool_size", "REDIS_POOL_SIZE", "--redis-pool-size", "64", _positive_int,
+         "Redis connections at most; more calls in flight wait for one"),
+    Spec("redis_timeout", "REDIS_TIMEOUT", "--redis-timeout", "250ms", _timeout,
+         "time allowed for one decision (250ms, 0.25s, 1m …), at most 60 s; the caller's deadline caps it"),
+    Spec("grpc_host", "GRPC_HOST", "--host", "0.0.0.0", str, "address for gRPC"),
+    Spec("grpc_port", "GRPC_PORT", "--grpc-port", "8081", _port, "gRPC port (0: any free port)"),
+    Spec("grpc_server_use_tls", "GRPC_SERVER_USE_TLS", "--grpc-server-use-tls", "false", _bool,
+         "serve gRPC over TLS"),
+    Spec("grpc_server_tls_cert", "GRPC_SERVER_TLS_CERT", "--grpc-server-tls-cert", "", str,
+         "server certificate (PEM); re-read when the file changes"),
+    Spec("grpc_server_tls_key", "GRPC_SERVER_TLS_KEY", "--grpc-server-tls-key", "", str,
+         "key of GRPC_SERVER_TLS_CERT"),
+    Spec("grpc_client_tls_cacert", "GRPC_CLIENT_TLS_CACERT", "--grpc-client-tls-cacert", "", str,
+         "CA of client certificates: set, clients must present one it signed (mutual TLS)"),
+    Spec("http_host", "HOST", "--http-host", "0.0.0.0", str, "address for HTTP (/json, /healthcheck)"),
+    Spec("http_port", "PORT", "--http-port", "8080", _port, "HTTP port (0: any free port)"),
+    Spec("debug_host", "DEBUG_HOST", "--debug-host", "0.0.0.0", str, "address for /rlconfig and /metrics"),
+    Spec("debug_port", "DEBUG_PORT", "--debug-port", "6070", _port, "debug HTTP port (0: any free port)"),
+    Spec("log_level", "LOG_LEVEL", "--log-level", "info", _choice("debug", "info", "warning", "error"),
+         "debug logs one line per decision"),
+    Spec("log_format", "LOG_FORMAT", "--log-format", "text", _choice("text", "json"), "text or JSON lines"),
+    Spec("cache_key_prefix", "CACHE_KEY_PREFIX", "--cache-key-prefix", "", str, "prefix of every Redis key"),
+    Spec("default_algorithm", "DEFAULT_ALGORITHM", "--default-algorithm", Algorithm.SLIDING_WINDOW_LOG.value,
+         lambda text: Algorithm(text.strip().lower()), "algorithm of limits that name none, and of overrides"),
+    Spec("merge_domain_config", "MERGE_DOMAIN_CONFIG", "--merge-domain-config", "false", _bool,
+         "let several files add descriptors to one domain"),
+    Spec("shadow_mode", "SHADOW_MODE", "--shadow-mode", "false", _bool,
+         "evaluate and count every limit but answer OK overall (descriptors keep their codes)"),
+    Spec("stop_cache_key_increment_when_overlimit", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+         "--stop-cache-key-increment-when-overlimit", "false", _bool,
+         "fixed_window: do not count hits of requests that are over limit"),
+    Spec("response_dynamic_metadata", "RESPONSE_DYNAMIC_METADATA", "--response-dynamic-metadata", "false", _bool,
+         "describe the request and matched rules' metadata in dynamic_metadata"),
+    Spec("near_limit_ratio", "NEAR_LIMIT_RATIO", "--near-limit-ratio", "0.8", _ratio,
+         "a hit past this share of a limit counts as near_limit in the metrics"),
+    Spec("limit_response_headers_enabled", "LIMIT_RESPONSE_HEADERS_ENABLED", "--limit-response-headers-enabled",
+         "false", _bool, "add RateLimit-Limit/Remaining/Reset (and Retry-After when over limit) to answers"),
+    Spec("limit_response_headers_ietf", "LIMIT_RESPONSE_HEADERS_IETF", "--limit-response-headers-ietf", "false",
+         _bool, "add the IETF RateLimit-Policy and RateLimit fields too"),
+    Spec("use_prometheus", "USE_PROMETHEUS", "--use-prometheus", "true", _bool, "serve metrics on /metrics"),
+    Spec("drain_timeout", "DRAIN_TIMEOUT", "--drain-timeout", "10s", parse_duration,
+         "after SIGTERM, how long in-flight calls may take"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The parsed settings (times in seconds). Build with ``Settings.load``."""
+
+    config_dir: str
+    runtime_root: str
+    runtime_subdirectory: str
+    runtime_appdirectory: str
+    runtime_watch_root: bool
+    backend_type: str
+    redis_url: str
+    redis_auth: str
+    redis_tls: bool
+    redis_tls_cacert: str
+    redis_tls_client_cert: str
+    redis_tls_client_key: str
+    redis_tls_skip_hostname_verification: bool
+    redis_pool_size: int
+    redis_timeout: float
+    grpc_host: str
+    grpc_port: int
+    grpc_server_use_tls: bool
+    grpc_server_tls_cert: str
+    grpc_server_tls_key: str
+    grpc_client_tls_cacert: str
+    http_host: str
+    http_port: int
+    debug_host: str
+    debug_port: int
+    log_level: str
+    log_format: str
+    cache_key_prefix: str
+    default_algorithm: Algorithm
+    merge_domain_config: bool
+    shadow_mode: bool
+    stop_cache_key_increment_when_overlimit: bool
+    response_dynamic_metadata: bool
+    near_limit_ratio: float
+    limit_response_headers_enabled: bool
+    limit_response_headers_ietf: bool
+    use_prometheus: bool
+    drain_timeout: float
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str], flags: Mapping[str, str | None] | None = None) -> Settings:
+        """Settings from ``flags`` (field → text, None = not given), else ``environ``, else the defaults.
+        Raises SettingsError listing every malformed value."""
+        values: dict[str, Any] = {}
+        problems = []
+        for spec in SPECS:
+            flag = (flags or {}).get(spec.field)
+            source, text = ((spec.flag, flag) if flag is not None
+                            else (spec.env, environ[spec.env]) if spec.env in environ else ("default", spec.default))
+            try:
+                values[spec.field] = spec.parse(text)
+            except ValueError as exc:
+                problems.append(f"{spec.flag} / {spec.env} ({source}): {exc}")
+        if problems:
+            raise SettingsError("invalid settings:\n  " + "\n  ".join(problems))
+        settings = cls(**values)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Raise SettingsError for settings that only make sense together."""
+        if self.grpc_server_use_tls and not (self.grpc_server_tls_cert and self.grpc_server_tls_key):
+            raise SettingsError("GRPC_SERVER_USE_TLS needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY")
+        if self.grpc_client_tls_cacert and not self.grpc_server_use_tls:
+            raise SettingsError("GRPC_CLIENT_TLS_CACERT (mutual TLS) needs GRPC_SERVER_USE_TLS=true")
+        if bool(self.redis_tls_client_cert) != bool(self.redis_tls_client_key):
+            raise SettingsError("REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together")
+
+    @property
+    def config_path(self) -> Path:
+        """The directory of the YAML files: CONFIG_DIR, else RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY."""
+        if self.config_dir:
+            return Path(self.config_dir)
+        return Path(self.runtime_root, self.runtime_subdirectory, self.runtime_appdirectory)
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with ``changes`` (for tests and tools)."""
+        return dataclasses.replace(self, **changes)
+
+
+def defaults(**changes: Any) -> Settings:
+    """The default settings with ``changes`` applied."""
+    return Settings.load({}).replace(**changes)
