@@ -27,18 +27,21 @@ class RedisServer:
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="slidegate-redis-")
         self.process: subprocess.Popen[bytes] | None = None
+        self.extra_args: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> RedisServer:
+    def start(self, password: str | None = None) -> RedisServer:
+        """Start (again); ``password`` is what the readiness check connects with."""
         args = [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
             "--enable-debug-command", "local", "--dir", self.dir, "--logfile", str(Path(self.dir) / "redis.log"),
+            *self.extra_args,
         ]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2, password=password)
         deadline = time.monotonic() + 10
         while True:
             try:

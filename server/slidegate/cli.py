@@ -92,3 +92,54 @@ def demo(redis_url: str) -> None:
     from slidegate.demo import run_demo
 
     sys.exit(run_demo(redis_url))
+
+
+@main.command()
+@click.option("--target", default="127.0.0.1:8081", show_default=True, help="host:port of the rate-limit service.")
+@click.option("--domain", required=True, help="Rate-limit domain.")
+@click.option("--descriptor", "descriptors", multiple=True, required=True, metavar="K=V[,K2=V2...]",
+              help="One descriptor (repeat for several): its entries in order.")
+@click.option("--hits", type=click.IntRange(0, 4294967295), default=0, help="Request hits_addend (0 means 1).")
+@click.option("--timeout", default=2.0, show_default=True, type=click.FloatRange(min=0.001), help="Seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Print the response as proto-JSON.")
+def client(target: str, domain: str, descriptors: tuple[str, ...], hits: int, timeout: float, as_json: bool) -> None:
+    """Call ShouldRateLimit on any Envoy-compatible rate-limit service and print the answer.
+
+    Exit code 0 for OK, 1 for OVER_LIMIT, 2 for an error.
+    """
+    import grpc
+    from google.protobuf import json_format
+
+    from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+
+    request = rls_pb2.RateLimitRequest(domain=domain, hits_addend=hits)
+    for text in descriptors:
+        entries = request.descriptors.add().entries
+        for pair in text.split(","):
+            key, sep, value = pair.partition("=")
+            if not sep or not key:
+                raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--descriptor")
+            entries.add(key=key, value=value)
+    try:
+        with grpc.insecure_channel(target) as channel:
+            response = rls_pb2_grpc.RateLimitServiceStub(channel).ShouldRateLimit(request, timeout=timeout)
+    except grpc.RpcError as exc:
+        click.echo(f"error: {exc.code().name}: {exc.details()}", err=True)
+        sys.exit(2)
+    if as_json:
+        click.echo(json_format.MessageToJson(response, indent=2))
+    else:
+        code = rls_pb2.RateLimitResponse.Code.Name
+        click.echo(f"overall: {code(response.overall_code)}")
+        click.echo(f"{'#':<3} {'descriptor':<40} {'code':<11} {'limit':<18} {'remaining':>10} {'reset s':>9}")
+        for index, (text, status) in enumerate(zip(descriptors, response.statuses, strict=False)):
+            limit = "-"
+            if status.HasField("current_limit"):
+                unit = rls_pb2.RateLimitResponse.RateLimit.Unit.Name(status.current_limit.unit).lower()
+                multiplier = status.current_limit.unit_multiplier.value
+                per = f"{multiplier} {unit}s" if multiplier > 1 else unit
+                limit = f"{status.current_limit.requests_per_unit}/{per}"
+            reset = status.duration_until_reset.seconds + status.duration_until_reset.nanos / 1e9
+            click.echo(f"{index:<3} {text:<40} {code(status.code):<11} {limit:<18} {status.limit_remaining:>10} "
+                       f"{reset:>9.3f}")
+    sys.exit(1 if response.overall_code == rls_pb2.RateLimitResponse.OVER_LIMIT else 0)

@@ -1,0 +1,277 @@
+"""Running slidegate in production: HTTP endpoints, health, hot reload, metrics, response headers, reflection,
+JSON logs and the client command — against `slidegate serve` processes and real Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from slidegate import stack
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
+from tests.helpers import OK, OVER_LIMIT, descriptor, request
+from tests.redis_servers import RedisServer
+
+CONFIG = """
+domain: p
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2, name: per-user}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: minute, requests_per_unit: 100}
+"""
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[bytes]
+    grpc_port: int
+    http_port: int
+    debug_port: int
+    log: Any
+
+    def http(self, path: str, body: bytes | None = None, port: int | None = None) -> tuple[int, str]:
+        req = urllib.request.Request(f"http://127.0.0.1:{port or self.http_port}{path}", data=body,
+                                     method="POST" if body is not None else "GET")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as reply:
+                return reply.status, reply.read().decode()
+        except urllib.error.HTTPError as reply:
+            return reply.code, reply.read().decode()
+        except urllib.error.URLError:
+            return 0, ""  # not listening (yet)
+
+    def stub(self) -> Any:
+        return rls_pb2_grpc.RateLimitServiceStub(grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}"))
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return str(self.log.read().decode(errors="replace"))
+
+
+@pytest.fixture
+def serve(redis_url: str, key_prefix: str) -> Iterator[Callable[..., Served]]:
+    started: list[Served] = []
+
+    def start(config_dir: Path, *args: str, url: str | None = None, wait: bool = True,
+              env: dict[str, str] | None = None) -> Served:
+        grpc_port, http_port, debug_port = stack.free_port(), stack.free_port(), stack.free_port()
+        log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the fixture's teardown
+        cmd = [sys.executable, "-m", "slidegate", "serve", "--config", str(config_dir), "--host", "127.0.0.1",
+               "--grpc-port", str(grpc_port), "--http-host", "127.0.0.1", "--http-port", str(http_port),
+               "--debug-host", "127.0.0.1", "--debug-port", str(debug_port), "--redis-url", url or redis_url,
+               "--cache-key-prefix", key_prefix, *args]
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        served = Served(process, grpc_port, http_port, debug_port, log)
+        started.append(served)
+        if wait:
+            stack.wait_grpc_serving(grpc_port)
+        return served
+
+    yield start
+    for served in started:
+        stack.stop(served.process)
+        served.log.close()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def json_request(domain: str, *entries: tuple[str, str]) -> bytes:
+    return json.dumps({"domain": domain, "descriptors": [
+        {"entries": [{"key": k, "value": v} for k, v in entries]}]}).encode()
+
+
+def test_http_api(write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
+    served = serve(write_config(CONFIG))
+    assert served.http("/healthcheck") == (200, "OK")
+    codes = [served.http("/json", json_request("p", ("user", "h")))[0] for _ in range(3)]
+    assert codes == [200, 200, 429]
+    status, body = served.http("/json", json_request("p", ("user", "h2")))
+    assert json.loads(body)["statuses"][0]["currentLimit"] == {
+        "requestsPerUnit": 2, "unit": "MINUTE", "name": "per-user"}
+    assert served.http("/json", b"{not json")[0] == 400
+    status, body = served.http("/json", json.dumps({"domain": "p"}).encode())
+    assert (status, json.loads(body)) == (400, {"error": "rate limit descriptor list must not be empty"})
+    status, body = served.http("/rlconfig")
+    assert status == 200 and "  [user] 2/minute sliding_window_log name=per-user" in body
+    # the debug port serves the limits and the metrics too, but not decisions
+    assert served.http("/rlconfig", port=served.debug_port) == (200, body)
+    assert served.http("/json", json_request("p", ("user", "x")), port=served.debug_port)[0] == 404
+
+
+def test_metrics_are_named_as_the_reference_and_bounded(write_config: Callable[..., Path],
+                                                         serve: Callable[..., Served]) -> None:
+    served = serve(write_config(CONFIG))
+    stub = served.stub()
+    for _ in range(3):
+        stub.ShouldRateLimit(request("p", descriptor(("user", "m"))))
+    for i in range(50):  # 50 values of one wildcard rule: one series
+        stub.ShouldRateLimit(request("p", descriptor(("path", f"/api/{i}"))))
+    status, text = served.http("/metrics", port=served.debug_port)
+    assert status == 200
+    assert 'ratelimit_service_rate_limit_total_hits_total{domain="p",key="user"} 3.0' in text
+    assert 'ratelimit_service_rate_limit_within_limit_total{domain="p",key="user"} 2.0' in text
+    assert 'ratelimit_service_rate_limit_near_limit_total{domain="p",key="user"} 1.0' in text
+    assert 'ratelimit_service_rate_limit_over_limit_total{domain="p",key="user"} 1.0' in text
+    assert 'ratelimit_service_rate_limit_total_hits_total{domain="p",key="path_/api/*"} 50.0' in text
+    assert len(re.findall(r'^ratelimit_service_rate_limit_total_hits_total\{', text, re.MULTILINE)) == 2
+    assert "ratelimit_config_load_success_total 1.0" in text
+    assert "ratelimit_should_rate_limit_latency_seconds_count 53.0" in text
+    status, main_port_text = served.http("/metrics")
+    assert status == 200 and "ratelimit_config_load_success_total 1.0" in main_port_text
+
+
+def test_hot_reload_swaps_valid_config_and_keeps_it_on_errors(write_config: Callable[..., Path],
+                                                              serve: Callable[..., Served]) -> None:
+    directory = write_config(CONFIG)
+    served = serve(directory)
+    stub = served.stub()
+    assert stub.ShouldRateLimit(request("p", descriptor(("user", "r")))).statuses[0].limit_remaining == 1
+    (directory / "config.yaml").write_text(CONFIG.replace("requests_per_unit: 2", "requests_per_unit: 5"))
+    # the counter survives the reload: 1 used of the new 5
+    assert wait_for(lambda: stub.ShouldRateLimit(
+        request("p", descriptor(("user", "r")), hits_addend=0)).statuses[0].current_limit.requests_per_unit == 5)
+    (directory / "config.yaml").write_text(
+        "domain: p\ndescriptors:\n  - key: user\n    rate_limit: {unit: lightyear}\n")
+    assert wait_for(lambda: "ratelimit_config_load_error_total 1.0" in served.http("/metrics")[1])
+    reply = stub.ShouldRateLimit(request("p", descriptor(("user", "r2"))))
+    assert reply.statuses[0].current_limit.requests_per_unit == 5  # the old config stays
+    assert "config.yaml:4: descriptors[0].rate_limit.unit: unknown unit 'lightyear'" in served.output()
+
+
+def test_kubernetes_configmap_symlink_swap(tmp_path: Path, serve: Callable[..., Served]) -> None:
+    # a ConfigMap volume: files are links into ..data, itself a link swapped atomically to a new directory
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    (volume / "..v1").mkdir()
+    (volume / "..v1" / "limits.yaml").write_text(CONFIG)
+    (volume / "..data").symlink_to("..v1")
+    (volume / "limits.yaml").symlink_to("..data/limits.yaml")
+    served = serve(volume)
+    stub = served.stub()
+    limit = stub.ShouldRateLimit(request("p", descriptor(("user", "k")))).statuses[0].current_limit
+    assert limit.requests_per_unit == 2
+    (volume / "..v2").mkdir()
+    (volume / "..v2" / "limits.yaml").write_text(CONFIG.replace("requests_per_unit: 2", "requests_per_unit: 7"))
+    (volume / "..data_tmp").symlink_to("..v2")
+    os.replace(volume / "..data_tmp", volume / "..data")
+    shutil.rmtree(volume / "..v1")
+    assert wait_for(lambda: stub.ShouldRateLimit(
+        request("p", descriptor(("user", "k")))).statuses[0].current_limit.requests_per_unit == 7)
+
+
+def test_health_waits_for_storage_and_ends_at_sigterm(write_config: Callable[..., Path],
+                                                      serve: Callable[..., Served]) -> None:
+    redis_server = RedisServer()  # not started yet: slidegate comes up before its Redis
+    try:
+        served = serve(write_config(CONFIG), "--redis-timeout", "2s", url=redis_server.url, wait=False)
+        assert wait_for(lambda: served.http("/healthcheck")[0] == 503)
+        with grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for name in ("", "ratelimit"):
+                assert health.Check(health_pb2.HealthCheckRequest(service=name)).status == \
+                    health_pb2.HealthCheckResponse.NOT_SERVING
+            redis_server.start()
+            assert wait_for(lambda: health.Check(health_pb2.HealthCheckRequest(service="ratelimit")).status
+                            == health_pb2.HealthCheckResponse.SERVING)
+        assert served.http("/healthcheck") == (200, "OK")
+        # a call in flight when SIGTERM comes: the health check says NOT SERVING while it drains
+        blocker = subprocess.Popen([sys.executable, "-c", f"import redis; redis.Redis(port={redis_server.port})"
+                                    ".execute_command('DEBUG', 'SLEEP', '1.5')"])
+        time.sleep(0.2)
+        call = served.stub().ShouldRateLimit.future(request("p", descriptor(("user", "d"))), timeout=10)
+        time.sleep(0.2)
+        served.process.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: served.http("/healthcheck")[0] == 503, timeout=1.0)
+        assert call.result().overall_code == OK
+        blocker.wait(10)
+        assert served.process.wait(10) == 0
+    finally:
+        redis_server.cleanup()
+
+
+def test_response_headers(write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
+    served = serve(write_config(CONFIG), "--limit-response-headers-enabled", "true",
+                   "--limit-response-headers-ietf", "true")
+    stub = served.stub()
+    first = stub.ShouldRateLimit(request("p", descriptor(("user", "hd")), descriptor(("path", "/api/x"))))
+    headers = {h.key: h.value for h in first.response_headers_to_add}
+    assert headers["RateLimit-Limit"] == "2, 2;w=60, 100;w=60"
+    assert headers["RateLimit-Remaining"] == "1"
+    assert headers["RateLimit-Reset"] == "60"
+    assert headers["RateLimit-Policy"] == '"per-user";q=2;w=60, "descriptor1";q=100;w=60'
+    assert headers["RateLimit"] == '"per-user";r=1;t=60'
+    assert "Retry-After" not in headers
+    stub.ShouldRateLimit(request("p", descriptor(("user", "hd"))))
+    over = stub.ShouldRateLimit(request("p", descriptor(("user", "hd"))))
+    headers = {h.key: h.value for h in over.response_headers_to_add}
+    assert over.overall_code == OVER_LIMIT
+    assert headers["RateLimit-Remaining"] == "0" and 58 <= int(headers["Retry-After"]) <= 60
+
+
+def test_reflection_json_logs_and_the_client_command(write_config: Callable[..., Path],
+                                                     serve: Callable[..., Served]) -> None:
+    served = serve(write_config(CONFIG), "--log-format", "json", "--log-level", "debug")
+    with grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}") as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        answers = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        names = {s.name for answer in answers for s in answer.list_services_response.service}
+    assert "envoy.service.ratelimit.v3.RateLimitService" in names and "grpc.health.v1.Health" in names
+    target = f"127.0.0.1:{served.grpc_port}"
+    client = [sys.executable, "-m", "slidegate", "client", "--target", target, "--domain", "p"]
+    first = subprocess.run([*client, "--descriptor", "user=c", "--descriptor", "path=/api/1,x=y"],
+                           capture_output=True, text=True, timeout=30)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines()[0] == "overall: OK"
+    assert re.search(r"^0\s+user=c\s+OK\s+2/minute\s+1\s+60\.000$", first.stdout, re.MULTILINE), first.stdout
+    assert re.search(r"^1\s+path=/api/1,x=y\s+OK\s+-\s+0\s+0\.000$", first.stdout, re.MULTILINE), first.stdout
+    over = subprocess.run([*client, "--descriptor", "user=c", "--hits", "5", "--json"],
+                          capture_output=True, text=True, timeout=30)
+    assert over.returncode == 1 and json.loads(over.stdout)["overallCode"] == "OVER_LIMIT"
+    bad = subprocess.run([*client[:-2], "--descriptor", "user=c"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "Missing option '--domain'" in bad.stderr
+    lines = [json.loads(line) for line in served.output().splitlines() if line.startswith("{")]
+    assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+    decisions = [line for line in lines if line["message"] == "decision"]
+    assert decisions[0]["domain"] == "p" and decisions[0]["codes"] == ["OK", "OK"]
+    assert decisions[0]["descriptors"] == [["user=c"], ["path=/api/1", "x=y"]]
+
+
+def test_redis_auth(write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
+    server = RedisServer()
+    server.extra_args = ("--requirepass", "s3cret")
+    server.start(password="s3cret")
+    try:
+        served = serve(write_config(CONFIG), "--redis-auth", "s3cret", url=server.url)
+        assert served.stub().ShouldRateLimit(request("p", descriptor(("user", "a")))).overall_code == OK
+        wrong = serve(write_config(CONFIG), "--redis-auth", "nope", url=server.url, wait=False)
+        assert wait_for(lambda: wrong.http("/healthcheck")[0] == 503)
+        assert f"storage: redis at redis://:***@127.0.0.1:{server.port}/0" in wrong.output()
+        assert "nope" not in wrong.output()
+    finally:
+        server.cleanup()
