@@ -21,6 +21,7 @@ from slidegate.limiter import Limiter, LimiterOptions
 from slidegate.server import start_server
 from slidegate.service import AnswerOptions, RateLimitService
 from tests.redis_servers import INSTALL_HINT, RedisServer
+from tests.served import Served, Starter
 
 
 @pytest.fixture(scope="session")
@@ -132,3 +133,11 @@ async def rls(
         await channel.close(None)
         await server.stop(0)
         await backend.close()
+
+
+@pytest.fixture
+def serve(redis_url: str, key_prefix: str) -> Iterator[Callable[..., Served]]:
+    """``serve(config_dir, *flags, url=None, wait=True, env=None)`` starts `slidegate serve` on free ports."""
+    starter = Starter(redis_url, key_prefix)
+    yield starter.start
+    starter.stop_all()

@@ -1,0 +1,87 @@
+"""`slidegate serve` as a child process for tests: its ports, its log, HTTP and gRPC clients."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from slidegate import stack
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[bytes]
+    grpc_port: int
+    http_port: int
+    debug_port: int
+    log: Any
+
+    def http(self, path: str, body: bytes | None = None, port: int | None = None) -> tuple[int, str]:
+        req = urllib.request.Request(f"http://127.0.0.1:{port or self.http_port}{path}", data=body,
+                                     method="POST" if body is not None else "GET")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as reply:
+                return reply.status, reply.read().decode()
+        except urllib.error.HTTPError as reply:
+            return reply.code, reply.read().decode()
+        except urllib.error.URLError:
+            return 0, ""  # not listening (yet)
+
+    def stub(self) -> Any:
+        return rls_pb2_grpc.RateLimitServiceStub(grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}"))
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return str(self.log.read().decode(errors="replace"))
+
+
+class Starter:
+    """Starts `slidegate serve` processes (``start``) and stops them all (``stop_all``)."""
+
+    def __init__(self, redis_url: str, key_prefix: str) -> None:
+        self.redis_url, self.key_prefix = redis_url, key_prefix
+        self.started: list[Served] = []
+
+    def start(self, config_dir: Path, *args: str, url: str | None = None, wait: bool = True,
+              env: dict[str, str] | None = None) -> Served:
+        """Start one; ``wait`` for its gRPC health to say SERVING (plaintext servers only)."""
+        grpc_port, http_port, debug_port = stack.free_port(), stack.free_port(), stack.free_port()
+        log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop_all
+        cmd = [sys.executable, "-m", "slidegate", "serve", "--config", str(config_dir), "--host", "127.0.0.1",
+               "--grpc-port", str(grpc_port), "--http-host", "127.0.0.1", "--http-port", str(http_port),
+               "--debug-host", "127.0.0.1", "--debug-port", str(debug_port), "--redis-url", url or self.redis_url,
+               "--cache-key-prefix", self.key_prefix, *args]
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        served = Served(process, grpc_port, http_port, debug_port, log)
+        self.started.append(served)
+        if wait:
+            stack.wait_grpc_serving(grpc_port)
+        return served
+
+    def stop_all(self) -> None:
+        for served in self.started:
+            stack.stop(served.process)
+            served.log.close()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+

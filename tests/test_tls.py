@@ -1,0 +1,96 @@
+"""TLS: the gRPC server over TLS and mutual TLS with certificates reloaded on change; Redis over TLS."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import redis
+
+from slidegate import stack
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
+from tests.certs import Authority
+from tests.helpers import OK, descriptor, request
+from tests.served import Served, wait_for
+from tests.test_production import CONFIG
+
+
+def call(port: int, ca: Path, client: tuple[Path, Path] | None = None) -> int | str:
+    """The overall code of one call over TLS, or the gRPC status name of its failure."""
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=ca.read_bytes(),
+        private_key=client[1].read_bytes() if client else None,
+        certificate_chain=client[0].read_bytes() if client else None,
+    )
+    with grpc.secure_channel(f"localhost:{port}", credentials) as channel:
+        try:
+            reply = rls_pb2_grpc.RateLimitServiceStub(channel).ShouldRateLimit(
+                request("p", descriptor(("user", "tls"))), timeout=5)
+        except grpc.RpcError as exc:
+            return str(exc.code().name)
+    return int(reply.overall_code)
+
+
+def test_grpc_tls_and_certificate_reload(tmp_path: Path, write_config: Callable[..., Path],
+                                         serve: Callable[..., Served]) -> None:
+    first, second = Authority(tmp_path, "ca1"), Authority(tmp_path, "ca2")
+    cert, key = first.issue("server1")
+    live_cert, live_key = tmp_path / "live.crt", tmp_path / "live.key"
+    shutil.copy(cert, live_cert)
+    shutil.copy(key, live_key)
+    served = serve(write_config(CONFIG), "--grpc-server-use-tls", "true", "--grpc-server-tls-cert", str(live_cert),
+                   "--grpc-server-tls-key", str(live_key), wait=False)
+    assert wait_for(lambda: call(served.grpc_port, first.ca_file) == OK, timeout=20)
+    assert call(served.grpc_port, second.ca_file) == "UNAVAILABLE"  # not its certificate yet
+    # new files from another CA: new connections get them, without a restart
+    cert2, key2 = second.issue("server2")
+    shutil.copy(key2, live_key)
+    shutil.copy(cert2, live_cert)
+    assert wait_for(lambda: call(served.grpc_port, second.ca_file) == OK)
+    assert "TLS certificate reloaded from" in served.output()
+
+
+def test_grpc_mutual_tls(tmp_path: Path, write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
+    authority, stranger = Authority(tmp_path, "ca"), Authority(tmp_path, "other")
+    cert, key = authority.issue("server")
+    served = serve(write_config(CONFIG), "--grpc-server-use-tls", "true", "--grpc-server-tls-cert", str(cert),
+                   "--grpc-server-tls-key", str(key), "--grpc-client-tls-cacert", str(authority.ca_file), wait=False)
+    client = authority.issue("client")
+    assert wait_for(lambda: call(served.grpc_port, authority.ca_file, client) == OK, timeout=20)
+    assert call(served.grpc_port, authority.ca_file) == "UNAVAILABLE"  # no client certificate
+    assert call(served.grpc_port, authority.ca_file, stranger.issue("intruder")) == "UNAVAILABLE"
+
+
+def test_redis_over_tls(tmp_path: Path, write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
+    authority = Authority(tmp_path, "redis-ca")
+    cert, key = authority.issue("redis")
+    port = stack.free_port()
+    process = subprocess.Popen(
+        [shutil.which("redis-server") or "redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+         "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(authority.ca_file),
+         "--tls-auth-clients", "no", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(port=port, ssl=True, ssl_ca_certs=str(authority.ca_file), socket_connect_timeout=0.5)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "redis-server with TLS did not start"
+                time.sleep(0.05)
+        client.close()
+        served = serve(write_config(CONFIG), "--redis-tls", "true", "--redis-tls-cacert", str(authority.ca_file),
+                       url=f"redis://localhost:{port}/0")
+        stub = served.stub()
+        assert [stub.ShouldRateLimit(request("p", descriptor(("user", "t")))).overall_code for _ in range(3)] == [
+            OK, OK, 2]
+        assert f"storage: redis at rediss://localhost:{port}/0" in served.output()
+    finally:
+        process.kill()
+        process.wait()
