@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -100,3 +101,36 @@ def test_header_bytes_that_are_not_utf8_are_limited(envoy_stack: Stack) -> None:
     statuses = [get(envoy_stack.envoy_port, "/k", {"x-api-key": "\xff"})[0] for _ in range(2)]
     assert statuses == [200, 429]
     assert get(envoy_stack.envoy_port, "/k", {"x-api-key": "\xfe"})[0] == 200
+
+
+def test_tightened_limit_applies_within_a_second_without_failed_requests(
+    write_config: Callable[..., Path], redis_url: str, key_prefix: str
+) -> None:
+    directory = write_config(CONFIG.replace(f"requests_per_unit: {LIMIT}", "requests_per_unit: 100000"))
+    web = upstream.start()
+    rls_port, envoy_port, admin_port = stack.free_port(), stack.free_port(), stack.free_port()
+    slidegate = stack.start_slidegate(directory, rls_port, redis_url=redis_url, key_prefix=key_prefix)
+    envoy = None
+    try:
+        envoy = stack.start_envoy(stack.local_envoy_config(
+            listener_port=envoy_port, admin_port=admin_port, rls_port=rls_port, upstream_port=web.server_address[1],
+            filter_overrides={"failure_mode_deny": True},  # an RLS error would show as a 500
+        ), admin_port)
+        results: list[tuple[float, int]] = []
+        changed_at = 0.0
+        started = time.monotonic()
+        while time.monotonic() - started < 4:
+            results.append((time.monotonic(), get(envoy_port, "/reload")[0]))
+            if not changed_at and time.monotonic() - started > 1:
+                (directory / "config.yaml").write_text(CONFIG)  # 100000 per hour -> LIMIT per hour
+                changed_at = time.monotonic()
+            time.sleep(0.01)
+    finally:
+        if envoy is not None:
+            stack.stop(envoy)
+        stack.stop(slidegate)
+        web.shutdown()
+    assert {status for _, status in results} == {200, 429}, "every request got an answer from the limits"
+    first_429 = min(t for t, status in results if status == 429)
+    assert 0 < first_429 - changed_at < 1.0
+    assert all(status == 429 for t, status in results if t > first_429)
