@@ -85,9 +85,9 @@ def test_hot_reload_swaps_valid_config_and_keeps_it_on_errors(write_config: Call
     stub = served.stub()
     assert stub.ShouldRateLimit(request("p", descriptor(("user", "r")))).statuses[0].limit_remaining == 1
     (directory / "config.yaml").write_text(CONFIG.replace("requests_per_unit: 2", "requests_per_unit: 5"))
-    # the counter survives the reload: 1 used of the new 5
-    assert wait_for(lambda: stub.ShouldRateLimit(
-        request("p", descriptor(("user", "r")), hits_addend=0)).statuses[0].current_limit.requests_per_unit == 5)
+    check = request("p", descriptor(("user", "r"), hits=0))  # check only: polling consumes nothing
+    assert wait_for(lambda: stub.ShouldRateLimit(check).statuses[0].current_limit.requests_per_unit == 5)
+    assert stub.ShouldRateLimit(check).statuses[0].limit_remaining == 4  # the counter survived: 1 of the new 5
     (directory / "config.yaml").write_text(
         "domain: p\ndescriptors:\n  - key: user\n    rate_limit: {unit: lightyear}\n")
     assert wait_for(lambda: "ratelimit_config_load_error_total 1.0" in served.http("/metrics")[1])
