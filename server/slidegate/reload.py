@@ -10,6 +10,7 @@ RUNTIME_WATCH_ROOT the directory's parent is watched too, so a swapped symlink o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 
@@ -39,10 +40,11 @@ class ConfigWatcher:
         self._metrics = metrics
         self._paths = [directory.parent if watch_parent else directory]
 
-    def reload(self) -> bool:
-        """Load the directory now; swap it in if it loads. Returns whether it did."""
+    async def reload(self) -> bool:
+        """Load the directory now (in a thread: a large config must not stall decisions); swap it in if it
+        loads. Returns whether it did."""
         try:
-            config = load_directory(self._directory, self._options)
+            config = await asyncio.to_thread(load_directory, self._directory, self._options)
         except ConfigError as exc:
             self._metrics.config_load_error.inc()
             log.error("config reload failed, keeping the previous config:\n%s", exc)
@@ -53,7 +55,14 @@ class ConfigWatcher:
         return True
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Watch until ``stop`` is set. Changes within 100 ms are taken together."""
-        async for _ in watchfiles.awatch(*self._paths, stop_event=stop, debounce=100, step=20,
-                                         recursive=True, ignore_permission_denied=True):
-            self.reload()
+        """Watch until ``stop`` is set. Changes within 100 ms are taken together. The watch is started again
+        (after a second) if it fails, e.g. while the directory is missing."""
+        while not stop.is_set():
+            try:
+                async for _ in watchfiles.awatch(*self._paths, stop_event=stop, debounce=100, step=20,
+                                                 recursive=True, ignore_permission_denied=True):
+                    await self.reload()
+            except Exception as exc:  # noqa: BLE001 - whatever happened, the service keeps its config and goes on
+                log.error("watching %s failed (%s); trying again in 1 s", self._paths[0], exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1)
