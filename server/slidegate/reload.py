@@ -62,7 +62,7 @@ class ConfigWatcher:
                 async for _ in watchfiles.awatch(*self._paths, stop_event=stop, debounce=100, step=20,
                                                  recursive=True, ignore_permission_denied=True):
                     await self.reload()
-            except Exception as exc:  # noqa: BLE001 - whatever happened, the service keeps its config and goes on
+            except Exception as exc:  # whatever happened, the service keeps its config and goes on
                 log.error("watching %s failed (%s); trying again in 1 s", self._paths[0], exc)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1)
