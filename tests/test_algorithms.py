@@ -7,6 +7,7 @@ import math
 from collections.abc import AsyncIterator
 
 import pytest
+import redis
 
 from slidegate.algorithms import Algorithm
 from slidegate.backends.base import Backend, Check
@@ -193,3 +194,21 @@ async def test_giving_back_everything_empties_a_counter_holding_two_windows(back
     await limit.hit(10.0, hits=1)  # the older window (10 hits) still weighs 10: over
     await limit.hit(19.99, hits=9)  # nearly all of the older window has decayed
     assert (await limit.hit(19.99, hits=-(2**64 - 1)))[:2] == (False, 10)
+
+
+async def test_no_key_without_a_ttl(redis_url: str, key_prefix: str) -> None:
+    backend = RedisBackend(redis_url)
+    try:
+        for algorithm in ALL:
+            for step, hits in enumerate([1, 3, 0, -1, 2, 5, -100, 1]):
+                checks = [Check(f"{key_prefix}{algorithm.value}-{i}", 3, WINDOW, hits, algorithm) for i in range(3)]
+                await backend.decide(checks, T0 + step * S // 3)
+    finally:
+        await backend.close()
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=f"{key_prefix}*"))
+    ttls = {k.decode(): client.pttl(k) for k in keys}
+    client.close()
+    assert len(ttls) >= len(ALL)
+    # every key expires, in at most the time its state matters (two windows for the counter)
+    assert all(0 < ttl <= 2 * WINDOW // 1000 for ttl in ttls.values()), ttls
