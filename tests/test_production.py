@@ -180,11 +180,13 @@ def test_reflection_json_logs_and_the_client_command(write_config: Callable[...,
                            capture_output=True, text=True, timeout=30)
     assert first.returncode == 0, first.stderr
     assert first.stdout.splitlines()[0] == "overall: OK"
-    assert re.search(r"^0\s+user=c\s+OK\s+2/minute\s+1\s+60\.000$", first.stdout, re.MULTILINE), first.stdout
+    assert re.search(r"^0\s+user=c\s+OK\s+2/60s\s+1\s+60\.000$", first.stdout, re.MULTILINE), first.stdout
     assert re.search(r"^1\s+path=/api/1,x=y\s+OK\s+-\s+0\s+0\.000$", first.stdout, re.MULTILINE), first.stdout
     over = subprocess.run([*client, "--descriptor", "user=c", "--hits", "5", "--json"],
                           capture_output=True, text=True, timeout=30)
-    assert over.returncode == 1 and json.loads(over.stdout)["overallCode"] == "OVER_LIMIT"
+    decision = json.loads(over.stdout)
+    assert over.returncode == 1 and decision["allowed"] is False and decision["retry_after"] == 60
+    assert decision["descriptors"][0]["over"] is True and decision["descriptors"][0]["limit"] == 2
     bad = subprocess.run([*client[:-2], "--descriptor", "user=c"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "Missing option '--domain'" in bad.stderr
     lines = [json.loads(line) for line in served.output().splitlines() if line.startswith("{")]

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -101,45 +102,40 @@ def demo(redis_url: str) -> None:
               help="One descriptor (repeat for several): its entries in order.")
 @click.option("--hits", type=click.IntRange(0, 4294967295), default=0, help="Request hits_addend (0 means 1).")
 @click.option("--timeout", default=2.0, show_default=True, type=click.FloatRange(min=0.001), help="Seconds.")
-@click.option("--json", "as_json", is_flag=True, help="Print the response as proto-JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the decision as JSON.")
 def client(target: str, domain: str, descriptors: tuple[str, ...], hits: int, timeout: float, as_json: bool) -> None:
-    """Call ShouldRateLimit on any Envoy-compatible rate-limit service and print the answer.
+    """Call ShouldRateLimit on any Envoy-compatible rate-limit service and print the decision.
 
-    Exit code 0 for OK, 1 for OVER_LIMIT, 2 for an error.
+    Exit code 0 when allowed, 1 when over limit, 2 for an error.
     """
-    import grpc
-    from google.protobuf import json_format
+    import dataclasses
 
-    from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+    from slidegate.client import RateLimitClient, RateLimitUnavailable
 
-    request = rls_pb2.RateLimitRequest(domain=domain, hits_addend=hits)
+    specs = []
     for text in descriptors:
-        entries = request.descriptors.add().entries
+        entries = []
         for pair in text.split(","):
             key, sep, value = pair.partition("=")
             if not sep or not key:
                 raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--descriptor")
-            entries.add(key=key, value=value)
+            entries.append((key, value))
+        specs.append(entries)
+    rls = RateLimitClient(target, timeout=timeout)
     try:
-        with grpc.insecure_channel(target) as channel:
-            response = rls_pb2_grpc.RateLimitServiceStub(channel).ShouldRateLimit(request, timeout=timeout)
-    except grpc.RpcError as exc:
-        click.echo(f"error: {exc.code().name}: {exc.details()}", err=True)
+        decision = rls.should_rate_limit(domain, specs, hits)
+    except RateLimitUnavailable as exc:
+        click.echo(f"error: {exc}", err=True)
         sys.exit(2)
+    finally:
+        rls.close()
     if as_json:
-        click.echo(json_format.MessageToJson(response, indent=2))
+        click.echo(json.dumps({**dataclasses.asdict(decision), "retry_after": decision.retry_after}, indent=2))
     else:
-        code = rls_pb2.RateLimitResponse.Code.Name
-        click.echo(f"overall: {code(response.overall_code)}")
+        click.echo(f"overall: {'OK' if decision.allowed else 'OVER_LIMIT'}")
         click.echo(f"{'#':<3} {'descriptor':<40} {'code':<11} {'limit':<18} {'remaining':>10} {'reset s':>9}")
-        for index, (text, status) in enumerate(zip(descriptors, response.statuses, strict=False)):
-            limit = "-"
-            if status.HasField("current_limit"):
-                unit = rls_pb2.RateLimitResponse.RateLimit.Unit.Name(status.current_limit.unit).lower()
-                multiplier = status.current_limit.unit_multiplier.value
-                per = f"{multiplier} {unit}s" if multiplier > 1 else unit
-                limit = f"{status.current_limit.requests_per_unit}/{per}"
-            reset = status.duration_until_reset.seconds + status.duration_until_reset.nanos / 1e9
-            click.echo(f"{index:<3} {text:<40} {code(status.code):<11} {limit:<18} {status.limit_remaining:>10} "
-                       f"{reset:>9.3f}")
-    sys.exit(1 if response.overall_code == rls_pb2.RateLimitResponse.OVER_LIMIT else 0)
+        for index, (text, d) in enumerate(zip(descriptors, decision.descriptors, strict=False)):
+            limit = f"{d.limit}/{d.window_seconds}s" if d.limit is not None else "-"
+            code = "OVER_LIMIT" if d.over else "OK"
+            click.echo(f"{index:<3} {text:<40} {code:<11} {limit:<18} {d.remaining:>10} {d.reset_seconds:>9.3f}")
+    sys.exit(0 if decision.allowed else 1)

@@ -1,0 +1,66 @@
+"""slidegate.client: the sync and asyncio clients against a real service, and the in-process limiter."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from slidegate.client import AsyncRateLimitClient, InProcessLimiter, RateLimitClient, RateLimitUnavailable
+from slidegate.stack import free_port
+from tests.served import Served
+
+CONFIG = """
+domain: c
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, unit_multiplier: 2, requests_per_unit: 2, name: two}
+"""
+
+
+def test_sync_client(write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
+    served = serve(write_config(CONFIG))
+    client = RateLimitClient(f"127.0.0.1:{served.grpc_port}", timeout=2)
+    try:
+        first = client.should_rate_limit("c", [[("k", "a")], {"other": "x"}])
+        channel = client._channel
+        second = client.should_rate_limit("c", [[("k", "a")]])
+        third = client.should_rate_limit("c", [[("k", "a")]], hits_addend=1)
+        assert client._channel is channel  # one channel for every call
+    finally:
+        client.close()
+    assert first.allowed and first.retry_after is None
+    one, none = first.descriptors
+    assert (one.over, one.limit, one.window_seconds, one.name, one.remaining, one.reset_seconds) == (
+        False, 2, 120, "two", 1, 120.0)
+    assert (none.limit, none.over) == (None, False)
+    assert second.allowed and not third.allowed and third.retry_after == 120
+    assert ("Retry-After", "120") in third.headers() and ("X-RateLimit-Limit", "2") in third.headers()
+
+
+def test_async_client_and_deadline(write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
+    served = serve(write_config(CONFIG))
+
+    async def run() -> None:
+        client = AsyncRateLimitClient(f"127.0.0.1:{served.grpc_port}", timeout=2)
+        decisions = await asyncio.gather(*(client.should_rate_limit("c", [[("k", "b")]]) for _ in range(3)))
+        await client.close()
+        assert sorted(d.allowed for d in decisions) == [False, True, True]
+        nowhere = AsyncRateLimitClient(f"127.0.0.1:{free_port()}", timeout=0.2)
+        started = time.monotonic()
+        with pytest.raises(RateLimitUnavailable):
+            await nowhere.should_rate_limit("c", [[("k", "b")]])
+        assert time.monotonic() - started < 1
+        await nowhere.close()
+
+    asyncio.run(run())
+
+
+def test_in_process_limiter_in_memory(write_config: Callable[..., Path]) -> None:
+    limiter = InProcessLimiter(write_config(CONFIG))
+    decisions = [limiter.should_rate_limit_blocking("c", [[("k", "m")]]) for _ in range(3)]
+    assert [d.allowed for d in decisions] == [True, True, False]
+    assert decisions[0].descriptors[0].remaining == 1
