@@ -54,12 +54,13 @@ class Starter:
         self.redis_url, self.key_prefix = redis_url, key_prefix
         self.started: list[Served] = []
 
-    def start(self, config_dir: Path, *args: str, url: str | None = None, wait: bool = True,
+    def start(self, config_dir: Path | None, *args: str, url: str | None = None, wait: bool = True,
               env: dict[str, str] | None = None) -> Served:
         """Start one; ``wait`` for its gRPC health to say SERVING (plaintext servers only)."""
         grpc_port, http_port, debug_port = stack.free_port(), stack.free_port(), stack.free_port()
         log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop_all
-        cmd = [sys.executable, "-m", "slidegate", "serve", "--config", str(config_dir), "--host", "127.0.0.1",
+        where = ["--config", str(config_dir)] if config_dir is not None else []  # None: RUNTIME_* decide
+        cmd = [sys.executable, "-m", "slidegate", "serve", *where, "--host", "127.0.0.1",
                "--grpc-port", str(grpc_port), "--http-host", "127.0.0.1", "--http-port", str(http_port),
                "--debug-host", "127.0.0.1", "--debug-port", str(debug_port), "--redis-url", url or self.redis_url,
                "--cache-key-prefix", self.key_prefix, *args]

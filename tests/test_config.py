@@ -358,3 +358,17 @@ def test_unreadable_entries_are_reported(write_config: WriteConfig) -> None:
         "dir.yml: not a regular file",
         "pipe.yaml: not a regular file",
     ]
+
+
+def test_metadata_alias_expansion_is_bounded(write_config: WriteConfig) -> None:
+    lines = ["domain: d", "descriptors:", "  - key: k", "    metadata:", "      l0: &l0 [x, x, x, x, x, x, x, x, x, x]"]
+    for n in range(1, 8):
+        lines.append(f"      l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 10)}]")
+    with pytest.raises(ConfigError, match="more than 100000 descriptors and limits"):
+        load_directory(write_config("\n".join(lines) + "\n"))
+
+
+def test_huge_files_are_refused(write_config: WriteConfig) -> None:
+    directory = write_config("domain: big\n# " + "x" * (16 * 1024 * 1024) + "\n")
+    with pytest.raises(ConfigError, match=r"config\.yaml: larger than 16 MiB"):
+        load_directory(directory)

@@ -11,13 +11,19 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
+from slidegate._proto.slidegate.wire.v1 import lenient_pb2
+from slidegate.service import METHOD
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
 from tests.redis_servers import RedisServer
 from tests.served import Served, wait_for
@@ -191,21 +197,105 @@ def test_reflection_json_logs_and_the_client_command(write_config: Callable[...,
     assert bad.returncode == 2 and "Missing option '--domain'" in bad.stderr
     lines = [json.loads(line) for line in served.output().splitlines() if line.startswith("{")]
     assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
-    decisions = [line for line in lines if line["message"] == "decision"]
+    decisions = [line for line in lines if line["message"].startswith("decision ")]
     assert decisions[0]["domain"] == "p" and decisions[0]["codes"] == ["OK", "OK"]
     assert decisions[0]["descriptors"] == [["user=c"], ["path=/api/1", "x=y"]]
 
 
 def test_redis_auth(write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
+    password = "p@ss/w#rd:x"  # characters a URL would need quoted
     server = RedisServer()
-    server.extra_args = ("--requirepass", "s3cret")
-    server.start(password="s3cret")
+    server.extra_args = ("--requirepass", password)
+    server.start(password=password)
     try:
-        served = serve(write_config(CONFIG), "--redis-auth", "s3cret", url=server.url)
+        served = serve(write_config(CONFIG), "--redis-auth", f"default:{password}", url=server.url)
         assert served.stub().ShouldRateLimit(request("p", descriptor(("user", "a")))).overall_code == OK
         wrong = serve(write_config(CONFIG), "--redis-auth", "nope", url=server.url, wait=False)
         assert wait_for(lambda: wrong.http("/healthcheck")[0] == 503)
-        assert f"storage: redis at redis://:***@127.0.0.1:{server.port}/0" in wrong.output()
+        assert wait_for(lambda: "health: not serving, the storage does not answer" in wrong.output())
+        assert f"storage: redis at redis://127.0.0.1:{server.port}/0" in wrong.output()
         assert "nope" not in wrong.output()
     finally:
         server.cleanup()
+
+
+def reload_count(served: Served) -> float:
+    match = re.search(r"^ratelimit_config_load_success_total (\S+)$", served.http("/metrics")[1], re.MULTILINE)
+    return float(match.group(1)) if match else -1.0
+
+
+def test_runtime_root_symlink_swap_and_unrelated_writes(tmp_path: Path, serve: Callable[..., Served]) -> None:
+    # envoyproxy/ratelimit's layout: RUNTIME_ROOT is a symlink swapped to a new version directory
+    runtime = tmp_path / "runtime"
+    for version, limit in (("v1", 2), ("v2", 9)):
+        (runtime / version / "config").mkdir(parents=True)
+        (runtime / version / "config" / "limits.yaml").write_text(
+            CONFIG.replace("requests_per_unit: 2", f"requests_per_unit: {limit}"))
+    (runtime / "current").symlink_to("v1")
+    served = serve(None, env={"RUNTIME_ROOT": str(runtime / "current")})
+    stub = served.stub()
+    check = request("p", descriptor(("user", "s"), hits=0))
+    assert stub.ShouldRateLimit(check).statuses[0].current_limit.requests_per_unit == 2
+    # writes beside the config, in the watched parent, reload nothing
+    for i in range(5):
+        (runtime / f"unrelated-{i}.log").write_text("x")
+        (runtime / "v1" / "config" / f"notes-{i}.txt").write_text("x")
+    time.sleep(0.4)
+    assert reload_count(served) == 1.0
+    (runtime / "next").symlink_to("v2")
+    os.replace(runtime / "next", runtime / "current")
+    assert wait_for(lambda: stub.ShouldRateLimit(check).statuses[0].current_limit.requests_per_unit == 9)
+    # and the new version's directory is the one watched now
+    (runtime / "v2" / "config" / "limits.yaml").write_text(
+        CONFIG.replace("requests_per_unit: 2", "requests_per_unit: 4"))
+    assert wait_for(lambda: stub.ShouldRateLimit(check).statuses[0].current_limit.requests_per_unit == 4)
+
+
+def test_config_directory_removed_and_recreated(tmp_path: Path, serve: Callable[..., Served]) -> None:
+    directory = tmp_path / "config"
+    directory.mkdir()
+    (directory / "limits.yaml").write_text(CONFIG)
+    served = serve(directory)
+    stub = served.stub()
+    check = request("p", descriptor(("user", "z"), hits=0))
+    shutil.rmtree(directory)
+    assert wait_for(lambda: "config directory does not exist" in served.output())
+    assert stub.ShouldRateLimit(check).statuses[0].current_limit.requests_per_unit == 2  # the old config stays
+    directory.mkdir()
+    (directory / "limits.yaml").write_text(CONFIG.replace("requests_per_unit: 2", "requests_per_unit: 6"))
+    assert wait_for(lambda: stub.ShouldRateLimit(check).statuses[0].current_limit.requests_per_unit == 6)
+
+
+def test_request_values_that_are_not_utf8_in_detailed_metrics(write_config: Callable[..., Path],
+                                                               serve: Callable[..., Served]) -> None:
+    served = serve(write_config("domain: d\ndescriptors:\n  - key: k\n    detailed_metric: true\n"
+                                "    rate_limit: {unit: minute, requests_per_unit: 5}\n"))
+    raw = lenient_pb2.LenientRateLimitRequest(domain=b"d")
+    entry = raw.descriptors.add().entries.add()
+    entry.key, entry.value = b"k", b"\xff\xfe"
+    with grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}") as channel:
+        call = channel.unary_unary(METHOD, request_serializer=lenient_pb2.LenientRateLimitRequest.SerializeToString,
+                                   response_deserializer=rls_pb2.RateLimitResponse.FromString)
+        assert call(raw).overall_code == OK
+    status, text = served.http("/metrics")
+    assert status == 200
+    assert 'ratelimit_service_rate_limit_total_hits_total{domain="d",key="k_\\\\xff\\\\xfe"} 1.0' in text
+
+
+def test_json_bodies_that_cannot_be_read_are_bad_requests(write_config: Callable[..., Path],
+                                                          serve: Callable[..., Served]) -> None:
+    served = serve(write_config(CONFIG))
+    for headers in ({"Content-Type": "application/json; charset=bogus"}, {"Content-Encoding": "gzip"}):
+        req = urllib.request.Request(f"http://127.0.0.1:{served.http_port}/json", data=b"notgzip{", headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(req, timeout=5)
+        assert caught.value.code == 400
+    assert "Traceback" not in served.output()
+
+
+def test_sighup_reloads(write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
+    directory = write_config(CONFIG)
+    served = serve(directory, "--runtime-watch-root", "false")
+    served.process.send_signal(signal.SIGHUP)
+    assert wait_for(lambda: reload_count(served) == 2.0)
+    assert served.process.poll() is None

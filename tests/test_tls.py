@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -94,3 +95,29 @@ def test_redis_over_tls(tmp_path: Path, write_config: Callable[..., Path], serve
     finally:
         process.kill()
         process.wait()
+
+
+def test_unusable_tls_files_stop_the_start(tmp_path: Path, write_config: Callable[..., Path]) -> None:
+    authority = Authority(tmp_path, "ca")
+    cert, key = authority.issue("server")
+    other_cert, other_key = authority.issue("other")
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate")
+    cases = [
+        (["--grpc-server-tls-cert", str(junk), "--grpc-server-tls-key", str(key)], "GRPC_SERVER_TLS_CERT"),
+        (["--grpc-server-tls-cert", str(cert), "--grpc-server-tls-key", str(other_key)],
+         "GRPC_SERVER_TLS_CERT/GRPC_SERVER_TLS_KEY"),
+        (["--grpc-server-tls-cert", str(cert), "--grpc-server-tls-key", str(key),
+          "--grpc-client-tls-cacert", str(junk)], "GRPC_CLIENT_TLS_CACERT"),
+    ]
+    for args, setting in cases:
+        done = subprocess.run([sys.executable, "-m", "slidegate", "serve", "--config", str(write_config(CONFIG)),
+                               "--grpc-port", "0", "--http-port", "0", "--debug-port", "0",
+                               "--grpc-server-use-tls", "true", *args], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 1 and f"invalid setting: {setting}" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    assert other_cert.exists()
+    done = subprocess.run([sys.executable, "-m", "slidegate", "serve", "--config", str(write_config(CONFIG)),
+                           "--redis-tls", "true", "--redis-tls-cacert", str(tmp_path / "missing.crt")],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and "REDIS_TLS_CACERT: no such file" in done.stderr

@@ -10,7 +10,7 @@ import logging
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
-from slidegate.backends.base import Backend, BackendUnavailable
+from slidegate.backends.base import Backend
 
 log = logging.getLogger(__name__)
 HEALTH_SERVICES = ("", "ratelimit")
@@ -40,14 +40,18 @@ class Health:
 
     async def watch_storage(self, backend: Backend, stop: asyncio.Event, interval: float = 1.0) -> None:
         """Ping the storage every ``interval`` seconds until ``stop``; publish each change."""
+        first = True
         while not stop.is_set():
             try:
                 await backend.ping()
                 ok = True
-            except BackendUnavailable as exc:
+            except Exception as exc:  # BackendUnavailable, or anything unexpected: not serving either way
                 ok = False
-                if self.storage_ok:
-                    log.warning("health: storage not answering (%s)", exc)
+                if self.storage_ok or first:
+                    log.warning("health: not serving, the storage does not answer (%s)", exc)
+            if ok and not self.storage_ok and not first:
+                log.warning("health: the storage answers again; serving")
+            first = False
             if ok != self.storage_ok:
                 self.storage_ok = ok
                 await self.publish()

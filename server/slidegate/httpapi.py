@@ -27,12 +27,19 @@ def make_app(service: RateLimitService, config: Callable[[], Config], health: He
     """An application serving ``routes`` (names from ROUTES)."""
 
     async def decide(request: web.Request) -> web.Response:
+        if health.draining:
+            return web.json_response({"error": "shutting down"}, status=503)
         try:
-            parsed = json_format.Parse(await request.text(), rls_pb2.RateLimitRequest())
+            body = (await request.read()).decode("utf-8")
+            parsed = json_format.Parse(body, rls_pb2.RateLimitRequest())
             lenient = lenient_pb2.LenientRateLimitRequest.FromString(parsed.SerializeToString())
             domain, descriptors = parse_request(lenient)
         except (json_format.ParseError, UnicodeDecodeError, InvalidRequest) as exc:
             return web.json_response({"error": str(exc)}, status=400)
+        except web.HTTPException:
+            raise
+        except Exception as exc:  # a body aiohttp cannot read (bad encoding, bad compression): the client's fault
+            return web.json_response({"error": f"unreadable body: {exc}"}, status=400)
         try:
             response = await service.decide(domain, descriptors, lenient.hits_addend)
         except InvalidOverride as exc:
@@ -46,7 +53,9 @@ def make_app(service: RateLimitService, config: Callable[[], Config], health: He
         return web.Response(text="OK" if health.serving else "NOT SERVING", status=200 if health.serving else 503)
 
     async def rlconfig(_: web.Request) -> web.Response:
-        return web.Response(text=describe_config(config()))
+        # file names that are not UTF-8 arrive as surrogate escapes
+        text = describe_config(config()).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        return web.Response(text=text)
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=service.metrics.render(),
@@ -67,9 +76,9 @@ async def start_app(app: web.Application, host: str, port: int) -> tuple[web.App
     site = web.TCPSite(runner, host, port)
     try:
         await site.start()
-    except OSError:
+    except OSError as exc:
         await runner.cleanup()
-        raise
+        raise OSError(f"cannot listen for HTTP on {host}:{port}: {exc}") from exc
     sockets = getattr(site._server, "sockets", None)  # aiohttp keeps the listening sockets here (port 0's choice)
     bound = sockets[0].getsockname()[1] if sockets else port
     return runner, int(bound)

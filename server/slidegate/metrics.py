@@ -45,12 +45,14 @@ class Metrics:
                                       buckets=_LATENCY_BUCKETS, registry=self.registry)
         self._detailed: dict[str, set[str]] = {}
 
-    def key(self, rule_key: str, value: str, detailed: bool) -> str:
+    def key(self, domain: str, rule_key: str, value: str, detailed: bool) -> str:
         """The ``key`` label of one decision: the rule's config path, plus the request value when the rule
-        asks for detailed metrics and fewer than DETAILED_VALUES values were seen for it."""
+        asks for detailed metrics and fewer than DETAILED_VALUES values were seen for it in its domain.
+        Request bytes that are not UTF-8 are shown as ``\\xNN``."""
         if not detailed:
             return rule_key
-        seen = self._detailed.setdefault(rule_key, set())
+        value = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        seen = self._detailed.setdefault(f"{domain}\0{rule_key}", set())
         if value in seen or len(seen) < DETAILED_VALUES:
             seen.add(value)
             return f"{rule_key}_{value}"

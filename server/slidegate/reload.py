@@ -1,22 +1,28 @@
 """Hot reload: the config directory is watched, and a change that loads is swapped in whole.
 
-A change that does not load (any error in any file) keeps the config in force, logs every error and counts a
-load error. Counters in storage are keyed by descriptors, not by config versions, so a reload resets none.
-Kubernetes ConfigMap volumes update by swapping a ``..data`` symlink inside the directory; with
-RUNTIME_WATCH_ROOT the directory's parent is watched too, so a swapped symlink on the path (envoyproxy/ratelimit's
-``RUNTIME_ROOT`` layout) is seen as well.
+A change that does not load (any error in any file, or a directory that cannot be read) keeps the config in
+force, logs every error and counts a load error. Counters in storage are keyed by descriptors, not by config
+versions, so a reload resets none. What is watched, not recursively: the config directory itself (Kubernetes
+ConfigMap volumes update by swapping a ``..data`` symlink inside it) and, with RUNTIME_WATCH_ROOT, the parent
+of RUNTIME_ROOT (or of the config directory), so a swapped symlink on the path (envoyproxy/ratelimit's
+``RUNTIME_ROOT`` layout) is seen. Events elsewhere in those directories are ignored; when a watched directory is
+replaced or removed, the watch starts again on what the paths name now. Changes that leave the files' bytes as
+they were do not reload.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import os
 from pathlib import Path
 
 import watchfiles
 
 from slidegate.config import Config, ConfigError, LoadOptions, load_directory
+from slidegate.config.loader import config_files
 from slidegate.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -29,40 +35,89 @@ class ConfigHolder:
         self.current = config
 
 
+def _fingerprint(directory: Path) -> str:
+    """A digest of every config file's name and bytes ("" when the directory cannot be read)."""
+    digest = hashlib.sha256()
+    try:
+        for path in config_files(directory):
+            digest.update(os.fsencode(path.name) + b"\0")
+            with contextlib.suppress(OSError):
+                digest.update(path.read_bytes() if path.is_file() else b"")
+    except OSError:
+        return ""
+    return digest.hexdigest()
+
+
 class ConfigWatcher:
-    """Reloads ``directory`` into ``holder`` whenever something under the watched paths changes."""
+    """Reloads ``directory`` into ``holder`` when something it depends on changes. ``root``: the directory
+    whose parent is watched too (RUNTIME_ROOT, or ``directory`` itself), or None not to watch a parent."""
 
     def __init__(self, directory: Path, options: LoadOptions, holder: ConfigHolder, metrics: Metrics,
-                 watch_parent: bool = True) -> None:
-        self._directory = directory
+                 root: Path | None = None) -> None:
+        self._directory = directory.absolute()
         self._options = options
         self._holder = holder
         self._metrics = metrics
-        self._paths = [directory.parent if watch_parent else directory]
+        self._root = root.absolute() if root is not None else None
+        self._fingerprint = _fingerprint(self._directory)
 
-    async def reload(self) -> bool:
-        """Load the directory now (in a thread: a large config must not stall decisions); swap it in if it
-        loads. Returns whether it did."""
+    def _targets(self) -> tuple[list[Path], set[Path]]:
+        """(directories to watch, paths whose changes matter besides the config directory's entries)."""
+        watched = [self._directory]
+        matter = {self._directory}
+        if self._root is not None:
+            watched.append(self._root.parent)
+            path = self._directory
+            while True:  # every component from RUNTIME_ROOT down to the config directory
+                matter.add(path)
+                if path == self._root or path.parent == path:
+                    break
+                path = path.parent
+        return [p for p in watched if p.is_dir()], matter
+
+    async def reload(self, force: bool = False) -> bool:
+        """Load the directory now (in a thread: a large config must not stall decisions) if its files
+        changed (or ``force``); swap it in if it loads. Returns whether a new config is in force."""
+        fingerprint = await asyncio.to_thread(_fingerprint, self._directory)
+        if fingerprint and fingerprint == self._fingerprint and not force:
+            return False
         try:
             config = await asyncio.to_thread(load_directory, self._directory, self._options)
-        except ConfigError as exc:
+        except (ConfigError, OSError) as exc:
             self._metrics.config_load_error.inc()
             log.error("config reload failed, keeping the previous config:\n%s", exc)
             return False
+        self._fingerprint = fingerprint
         self._holder.current = config
         self._metrics.config_load_success.inc()
         log.info("config reloaded: %d domains, %d limits", len(config.domains), config.limit_count())
         return True
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Watch until ``stop`` is set. Changes within 100 ms are taken together. The watch is started again
-        (after a second) if it fails, e.g. while the directory is missing."""
+        """Watch until ``stop`` is set. Changes within 100 ms are taken together. The watch starts again
+        whenever a watched directory is replaced or removed (checked at least every second)."""
         while not stop.is_set():
+            watched, matter = self._targets()
+            identity = [(p, p.stat().st_ino) for p in watched]
+
+            def relevant(_: watchfiles.Change, name: str, matter: set[Path] = matter) -> bool:
+                path = Path(name)
+                return path in matter or path.parent == self._directory
+
             try:
-                async for _ in watchfiles.awatch(*self._paths, stop_event=stop, debounce=100, step=20,
-                                                 recursive=True, ignore_permission_denied=True):
-                    await self.reload()
+                if not watched:
+                    raise FileNotFoundError(f"{self._directory} does not exist")
+                async for changes in watchfiles.awatch(*watched, watch_filter=relevant, stop_event=stop,
+                                                       debounce=100, step=20, recursive=False,
+                                                       yield_on_timeout=True, rust_timeout=1000,
+                                                       ignore_permission_denied=True):
+                    if changes:
+                        await self.reload()
+                    if any(not p.is_dir() or p.stat().st_ino != ino for p, ino in identity) or \
+                            self._targets()[0] != watched:
+                        await self.reload()  # what the paths name has changed: look again, and watch it
+                        break
             except Exception as exc:  # whatever happened, the service keeps its config and goes on
-                log.error("watching %s failed (%s); trying again in 1 s", self._paths[0], exc)
+                log.error("watching %s failed (%s); trying again in 1 s", self._directory, exc)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1)

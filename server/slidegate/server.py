@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from urllib.parse import urlsplit, urlunsplit
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -41,14 +41,17 @@ def make_backend(settings: Settings) -> Backend:
     url = settings.redis_url
     if settings.redis_tls and url.startswith("redis://"):
         url = "rediss://" + url.removeprefix("redis://")
-    if settings.redis_auth:
-        user, _, password = settings.redis_auth.rpartition(":")
-        parts = urlsplit(url)
-        netloc = f"{user}:{password}@{parts.netloc.rsplit('@', 1)[-1]}"
-        url = urlunsplit(parts._replace(netloc=netloc))
+    for name in ("redis_tls_cacert", "redis_tls_client_cert", "redis_tls_client_key"):
+        file = getattr(settings, name)
+        if file and not Path(file).is_file():
+            raise ValueError(f"{name.upper()}: no such file {file!r}")
     tls = TlsOptions(settings.redis_tls_cacert, settings.redis_tls_client_cert, settings.redis_tls_client_key,
                      check_hostname=not settings.redis_tls_skip_hostname_verification)
-    return RedisBackend(url, timeout=settings.redis_timeout, pool_size=settings.redis_pool_size, tls=tls)
+    # REDIS_AUTH is a password, or user:password (an ACL user): given apart from the URL, never quoted into it
+    user, sep, password = settings.redis_auth.partition(":")
+    auth = (user, password) if sep else (None, settings.redis_auth) if settings.redis_auth else None
+    return RedisBackend(url, timeout=settings.redis_timeout, pool_size=settings.redis_pool_size, tls=tls,
+                        auth=auth)
 
 
 async def start_server(
@@ -118,7 +121,18 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        watcher = ConfigWatcher(directory, load, holder, metrics, watch_parent=settings.runtime_watch_root)
+        root = None
+        if settings.runtime_watch_root:
+            root = Path(settings.config_dir) if settings.config_dir else Path(settings.runtime_root)
+        watcher = ConfigWatcher(directory, load, holder, metrics, root)
+        reloads: set[asyncio.Task[bool]] = set()
+
+        def reload_now() -> None:  # SIGHUP: reload the config now, as many daemons do
+            task = asyncio.create_task(watcher.reload(force=True))
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, reload_now)
         tasks = [asyncio.create_task(health.watch_storage(backend, stop)), asyncio.create_task(watcher.run(stop))]
         log.info(
             "listening for gRPC on %s:%d%s, HTTP on %s:%d, debug on %s:%d; loaded %d domains, %d limits from %s",

@@ -229,17 +229,18 @@ class RateLimitService:
                 key = "override"
             else:
                 value = descriptor.entries[-1][1] if descriptor.entries else ""
-                key = self.metrics.key(rule.metric_key, value, rule.detailed_metric or rule.value_to_metric)
-            self.metrics.record(domain, key, hits=status.hits, limit=status.limit.requests_per_unit,
+                key = self.metrics.key(domain, rule.metric_key, value, rule.detailed_metric or rule.value_to_metric)
+            self.metrics.record(_printable(domain), key, hits=status.hits, limit=status.limit.requests_per_unit,
                                 over=status.over, shadow=status.shadow or self._options.shadow_mode,
                                 remaining=status.remaining)
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("decision", extra={
-                "domain": domain,
-                "descriptors": [[f"{k}={v}" for k, v in d.entries] for d in descriptors],
+            fields = {
+                "domain": _printable(domain),
+                "descriptors": [[_printable(f"{k}={v}") for k, v in d.entries] for d in descriptors],
                 "codes": [rls_pb2.RateLimitResponse.Code.Name(s.code) for s in response.statuses],
                 "overall": rls_pb2.RateLimitResponse.Code.Name(response.overall_code),
-            })
+            }
+            log.debug("decision %s", " ".join(f"{k}={v}" for k, v in fields.items()), extra=fields)
 
     def _log_failure(self, exc: BackendUnavailable) -> None:
         # an outage fails every call: say so every 10 s with a count, not once per call

@@ -42,15 +42,21 @@ def _bool(text: str) -> bool:
     raise ValueError(f"{text!r} is not true or false")
 
 
+def _whole(text: str) -> int:
+    if not re.fullmatch(r"\s*\d+\s*", text):
+        raise ValueError(f"{text!r} is not a whole number")
+    return int(text)
+
+
 def _port(text: str) -> int:
-    value = int(text)
+    value = _whole(text)
     if not 0 <= value <= 65535:
         raise ValueError(f"{value} is not a port (0-65535)")
     return value
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    value = _whole(text)
     if value < 1:
         raise ValueError(f"{value} must be at least 1")
     return value
@@ -60,6 +66,13 @@ def _timeout(text: str) -> float:
     seconds = parse_duration(text)
     if not 0 < seconds <= 60:
         raise ValueError(f"{text!r} must be more than 0 and at most 60 s")
+    return seconds
+
+
+def _drain(text: str) -> float:
+    seconds = parse_duration(text)
+    if seconds > 3600:
+        raise ValueError(f"{text!r} must be at most 1 h")
     return seconds
 
 
@@ -160,7 +173,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("limit_response_headers_ietf", "LIMIT_RESPONSE_HEADERS_IETF", "--limit-response-headers-ietf", "false",
          _bool, "add the IETF RateLimit-Policy and RateLimit fields too"),
     Spec("use_prometheus", "USE_PROMETHEUS", "--use-prometheus", "true", _bool, "serve metrics on /metrics"),
-    Spec("drain_timeout", "DRAIN_TIMEOUT", "--drain-timeout", "10s", parse_duration,
+    Spec("drain_timeout", "DRAIN_TIMEOUT", "--drain-timeout", "10s", _drain,
          "after SIGTERM, how long in-flight calls may take"),
 )
 

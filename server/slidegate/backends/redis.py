@@ -66,16 +66,19 @@ class RedisBackend:
     """Limits of every algorithm in one Redis (``redis://`` or ``rediss://`` URL).
 
     ``timeout``: seconds allowed for one decision, connecting and waiting for a connection included
-    (default 0.25 s); ``pool_size``: connections at most (REDIS_POOL_SIZE); calls beyond it wait for one.
+    (default 0.25 s); ``pool_size``: connections at most (REDIS_POOL_SIZE); calls beyond it wait for one;
+    ``tls``: files for a rediss:// URL; ``auth``: (user or None, password), instead of the URL's.
     Raises ValueError for a malformed URL.
     """
 
-    def __init__(self, url: str, *, timeout: float = 0.25, pool_size: int = 64, tls: TlsOptions | None = None
-                 ) -> None:
+    def __init__(self, url: str, *, timeout: float = 0.25, pool_size: int = 64, tls: TlsOptions | None = None,
+                 auth: tuple[str | None, str] | None = None) -> None:
         check_url(url)
         self._url = url
         self._timeout = timeout
         extra: dict[str, object] = {}
+        if auth is not None:  # (user or None, password): wins over any in the URL
+            extra["username"], extra["password"] = auth
         if url.startswith("rediss://") and tls is not None:
             extra = {"ssl_ca_certs": tls.ca_certs or None, "ssl_certfile": tls.certfile or None,
                      "ssl_keyfile": tls.keyfile or None, "ssl_check_hostname": tls.check_hostname}

@@ -32,7 +32,8 @@ _RATE_LIMIT_KEYS = (
 )
 
 
-MAX_MAPPINGS = 100_000  # mappings read from one file, after expanding YAML aliases
+MAX_MAPPINGS = 100_000  # mappings (and metadata nodes) read from one file, after expanding YAML aliases
+MAX_FILE_BYTES = 16 * 1024 * 1024
 
 
 class _TooLarge(Exception):
@@ -121,6 +122,17 @@ class _File:
         if not isinstance(node, yaml.MappingNode):
             self.issue(node, field, f"must be a mapping, got {_kind(node)}")
             return None
+        # count every node it expands to before building it: aliases can multiply a few lines a millionfold
+        stack: list[yaml.Node] = [node]
+        while stack:
+            self._mappings += 1
+            if self._mappings > MAX_MAPPINGS:
+                raise _TooLarge
+            current = stack.pop()
+            if isinstance(current, yaml.MappingNode):
+                stack.extend(v for pair in current.value for v in pair)
+            elif isinstance(current, yaml.SequenceNode):
+                stack.extend(current.value)
         def plain(value: Any) -> bool:
             if isinstance(value, dict):
                 return all(isinstance(k, str) and plain(v) for k, v in value.items())
@@ -309,6 +321,8 @@ def _parse_file(path: Path, options: LoadOptions) -> tuple[DomainConfig, int, li
     text = ""
     if path.exists() and not path.is_file():  # reading a FIFO would block the load forever
         return config, 0, [ConfigIssue(str(path), 0, "", "not a regular file")]
+    if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
+        return config, 0, [ConfigIssue(str(path), 0, "", f"larger than {MAX_FILE_BYTES // 1024 // 1024} MiB")]
     try:
         text = path.read_text(encoding="utf-8")
         root = yaml.compose(text, Loader=_YAML_LOADER)
