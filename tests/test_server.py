@@ -45,7 +45,7 @@ def serve(config_dir: Path, *args: str, env: dict[str, str] | None = None, timeo
     (("--redis-timeout", "0"), "--redis-timeout / REDIS_TIMEOUT (--redis-timeout): '0' must be more than 0 and "
                                "at most 60 s"),
     (("--redis-timeout", "soon"), "invalid duration 'soon' (use e.g. 250ms or 0.25s)"),
-    (("--grpc-port", "abc"), "--grpc-port / GRPC_PORT (--grpc-port): invalid literal for int() with base 10: 'abc'"),
+    (("--grpc-port", "abc"), "--grpc-port / GRPC_PORT (--grpc-port): 'abc' is not a whole number"),
     (("--default-algorithm", "leaky"), "--default-algorithm / DEFAULT_ALGORITHM (--default-algorithm): "
                                        "'leaky' is not a valid Algorithm"),
     (("--shadow-mode", "perhaps"), "--shadow-mode / SHADOW_MODE (--shadow-mode): 'perhaps' is not true or false"),
