@@ -33,15 +33,23 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, password: str | None = None) -> RedisServer:
-        """Start (again); ``password`` is what the readiness check connects with."""
+    def start(self, password: str | None = None, tls: tuple[Path, Path, Path] | None = None) -> RedisServer:
+        """Start (again). ``password`` is what the readiness check connects with; ``tls`` (certificate, key,
+        CA) serves TLS only, on the same port."""
+        ports = ["--port", str(self.port)]
+        if tls is not None:
+            cert, key, ca = tls
+            ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(cert), "--tls-key-file",
+                     str(key), "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no"]
         args = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            self.binary, *ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
             "--enable-debug-command", "local", "--dir", self.dir, "--logfile", str(Path(self.dir) / "redis.log"),
             *self.extra_args,
         ]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2, password=password)
+        client = (redis.Redis(port=self.port, socket_connect_timeout=0.2, password=password, ssl=True,
+                              ssl_ca_certs=str(tls[2])) if tls is not None
+                  else redis.Redis(port=self.port, socket_connect_timeout=0.2, password=password))
         deadline = time.monotonic() + 10
         while True:
             try:

@@ -5,17 +5,15 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
-import redis
 
-from slidegate import stack
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
 from tests.certs import Authority
 from tests.helpers import OK, descriptor, request
+from tests.redis_servers import RedisServer
 from tests.served import Served, wait_for
 from tests.test_production import CONFIG
 
@@ -69,23 +67,9 @@ def test_grpc_mutual_tls(tmp_path: Path, write_config: Callable[..., Path], serv
 def test_redis_over_tls(tmp_path: Path, write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
     authority = Authority(tmp_path, "redis-ca")
     cert, key = authority.issue("redis")
-    port = stack.free_port()
-    process = subprocess.Popen(
-        [shutil.which("redis-server") or "redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
-         "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(authority.ca_file),
-         "--tls-auth-clients", "no", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = RedisServer().start(tls=(cert, key, authority.ca_file))
+    port = server.port
     try:
-        client = redis.Redis(port=port, ssl=True, ssl_ca_certs=str(authority.ca_file), socket_connect_timeout=0.5)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline, "redis-server with TLS did not start"
-                time.sleep(0.05)
-        client.close()
         served = serve(write_config(CONFIG), "--redis-tls", "true", "--redis-tls-cacert", str(authority.ca_file),
                        url=f"redis://localhost:{port}/0")
         stub = served.stub()
@@ -93,8 +77,7 @@ def test_redis_over_tls(tmp_path: Path, write_config: Callable[..., Path], serve
             OK, OK, 2]
         assert f"storage: redis at rediss://localhost:{port}/0" in served.output()
     finally:
-        process.kill()
-        process.wait()
+        server.cleanup()
 
 
 def test_unusable_tls_files_stop_the_start(tmp_path: Path, write_config: Callable[..., Path]) -> None:
