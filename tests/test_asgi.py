@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from starlette.applications import Starlette
-from starlette.authentication import AuthCredentials, AuthenticationBackend, SimpleUser
+from starlette.authentication import AuthCredentials, AuthenticationBackend, BaseUser, SimpleUser
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import HTTPConnection, Request
@@ -25,10 +25,27 @@ from tests.served import Served
 from tests.test_django import CONFIG
 
 
+class NamedUser(BaseUser):
+    """A user as Starlette's docs write one: no ``identity``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    @property
+    def display_name(self) -> str:
+        return self.name
+
+
 class HeaderAuth(AuthenticationBackend):
-    async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, SimpleUser] | None:
+    async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, BaseUser] | None:
         name = conn.headers.get("x-test-user")
-        return (AuthCredentials(["authenticated"]), SimpleUser(name)) if name else None
+        if not name:
+            return None
+        return AuthCredentials(["authenticated"]), NamedUser(name) if name.startswith("named-") else SimpleUser(name)
 
 
 async def hello(request: Request) -> PlainTextResponse:
@@ -63,7 +80,18 @@ def check_limits(client: TestClient) -> None:
     assert third.json() == {"error": "rate limited", "retry_after": 60} and third.headers["retry-after"] == "60"
     alice = [client.get("/api/hello", headers={"x-test-user": "alice"}).status_code for _ in range(4)]
     assert alice == [200, 200, 200, 429]
+    named = [client.get("/api/hello", headers={"x-test-user": "named-bo"}).status_code for _ in range(4)]
+    assert named == [200, 200, 200, 429]  # a user without identity is known by its display name
     assert client.get("/free").status_code == 200 and "x-ratelimit-limit" not in client.get("/free").headers
+
+
+def test_repeated_forwarded_for_lines_are_one_list(service: Served) -> None:
+    app = make_app(target=f"127.0.0.1:{service.grpc_port}", trusted_proxies=["10.0.0.0/8"])
+    with TestClient(app, client=("10.0.0.5", 5000)) as client:
+        # two proxies, each adding its own header line: the client is the first line's address
+        codes = [client.get("/api/hello", headers=[("x-forwarded-for", f"198.51.100.{i}"),
+                                                   ("x-forwarded-for", "10.0.0.7")]).status_code for i in range(3)]
+    assert codes == [200, 200, 200]
 
 
 def test_spoofed_forwarded_for_from_an_untrusted_peer_is_ignored(service: Served) -> None:
@@ -98,4 +126,6 @@ def test_in_process_mode_blocks_the_boundary_burst(write_config: Callable[..., P
         before = [client.get("/api/hello").status_code for _ in range(2)]
         clock.advance(0.2)
         after = client.get("/api/hello").status_code
-    assert before == [200, 200] and after == 429
+        clock.advance(60)
+        later = client.get("/api/hello").status_code
+    assert before == [200, 200] and after == 429 and later == 200

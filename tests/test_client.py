@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from slidegate.client import AsyncRateLimitClient, InProcessLimiter, RateLimitClient, RateLimitUnavailable
 from slidegate.stack import free_port
+from tests.redis_servers import RedisServer
 from tests.served import Served
 
 CONFIG = """
@@ -64,3 +66,27 @@ def test_in_process_limiter_in_memory(write_config: Callable[..., Path]) -> None
     decisions = [limiter.should_rate_limit_blocking("c", [[("k", "m")]]) for _ in range(3)]
     assert [d.allowed for d in decisions] == [True, True, False]
     assert decisions[0].descriptors[0].remaining == 1
+
+
+def test_deadline_holds_against_a_service_that_never_answers() -> None:
+    # a TCP server that accepts and never replies: only the deadline can end the call
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = RateLimitClient(f"127.0.0.1:{port}", timeout=0.3)
+        started = time.monotonic()
+        with pytest.raises(RateLimitUnavailable, match="DEADLINE_EXCEEDED"):
+            client.should_rate_limit("c", [[("k", "x")]])
+        assert 0.25 < time.monotonic() - started < 1.5
+        client.close()
+
+
+def test_in_process_limiter_with_redis_down(write_config: Callable[..., Path], private_redis: RedisServer) -> None:
+    limiter = InProcessLimiter(write_config(CONFIG), private_redis.url, timeout=0.2)
+    assert limiter.should_rate_limit_blocking("c", [[("k", "r")]]).allowed
+    private_redis.stop()
+    started = time.monotonic()
+    with pytest.raises(RateLimitUnavailable):
+        limiter.should_rate_limit_blocking("c", [[("k", "r")]])
+    assert time.monotonic() - started < 1.0

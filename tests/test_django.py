@@ -47,7 +47,7 @@ def fake_authentication(get_response: Callable[[HttpRequest], HttpResponse]) -> 
     return middleware
 
 
-def hello(request: HttpRequest) -> HttpResponse:
+def hello(request: HttpRequest, **_: str) -> HttpResponse:
     return HttpResponse("hello")
 
 
@@ -138,11 +138,23 @@ def test_in_process_mode_blocks_the_boundary_burst(write_config: Callable[..., P
         before = [client.get("/api/hello").status_code for _ in range(2)]
         clock.advance(0.2)  # 0.1 s after the boundary: a fixed window would start over
         after = client.get("/api/hello")
+        clock.advance(60)  # a minute later (on the injected clock) the window has rolled on
+        later = client.get("/api/hello")
     assert before == [200, 200] and after.status_code == 429
     assert int(after["Retry-After"]) == 60  # the first hit leaves the window 59.8 s from now
+    assert later.status_code == 200
 
 
 def test_bad_options_fail_clearly() -> None:
     with override_settings(SLIDEGATE={"DOMAIN": "web", "DESCRIPTORS": [["cookie"]]}), pytest.raises(
             ValueError, match="unknown descriptor source 'cookie'"):
         Client().get("/api/hello")
+
+
+def test_a_long_path_cannot_escape_the_limit(service: Served) -> None:
+    urlpatterns.append(path("api/items/<str:item>", hello))
+    with remote(service, DESCRIPTORS=[["client"], ["client", "path"]]):
+        client = Client()
+        assert [client.get("/api/items/short").status_code for _ in range(3)] == [200, 200, 429]
+        # a 20 kB path would be refused by the service (16 KiB per value): it is digested and still limited
+        assert client.get("/api/items/" + "a" * 20000).status_code == 429

@@ -71,7 +71,7 @@ class Decision:
             return []
         index, chosen = min(limited, key=lambda item: (not item[1].over, item[1].remaining))
         reset = math.ceil(chosen.reset_seconds)
-        names = {i: (d.name or f"descriptor{i}").replace("\\", "\\\\").replace('"', '\\"') for i, d in limited}
+        names = {i: policy_name(d.name, i) for i, d in limited}
         headers = [
             ("X-RateLimit-Limit", str(chosen.limit)),
             ("X-RateLimit-Remaining", str(chosen.remaining)),
@@ -82,6 +82,14 @@ class Decision:
         if self.retry_after is not None:
             headers.append(("Retry-After", str(self.retry_after)))
         return headers
+
+
+def policy_name(name: str, index: int) -> str:
+    """A limit's name as a structured-field string's content: printable ASCII, quotes and backslashes
+    escaped, anything else ``_`` (a config name must not break or inject response headers)."""
+    text = name or f"descriptor{index}"
+    safe = "".join(c if " " <= c <= "~" else "_" for c in text)
+    return safe.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def build_request(domain: str, descriptors: Sequence[DescriptorSpec], hits_addend: int = 0) -> rls_pb2.RateLimitRequest:
@@ -216,7 +224,11 @@ class InProcessLimiter:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
                 threading.Thread(target=self._loop.run_forever, daemon=True, name="slidegate-limiter").start()
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        # the coroutine has its own deadline; this one only guards against a loop that is gone (after fork)
+        try:
+            return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(self._timeout + 5)
+        except TimeoutError as exc:
+            raise RateLimitUnavailable("the in-process limiter's event loop does not answer") from exc
 
     async def close(self) -> None:
         await self._backend.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from slidegate.client import policy_name
 from slidegate.limiter import Status
 
 
@@ -21,8 +22,7 @@ def _seconds(us: int) -> int:
 
 
 def _policy_name(status: Status, index: int) -> str:
-    name = status.limit.name if status.limit and status.limit.name else f"descriptor{index}"
-    return name.replace("\\", "\\\\").replace('"', '\\"')
+    return policy_name(status.limit.name if status.limit else "", index)
 
 
 def rate_limit_headers(statuses: Sequence[Status], over: bool, ietf: bool = False) -> list[tuple[str, str]]:

@@ -12,8 +12,17 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from slidegate.client import AsyncRateLimitClient, InProcessLimiter, RateLimitUnavailable
-from slidegate.contrib.common import Options, RequestView, answer, applies, build_descriptors, client_ip, failure
+from slidegate.client import AsyncRateLimitClient, InProcessLimiter
+from slidegate.contrib.common import (
+    Options,
+    RequestView,
+    answer,
+    applies,
+    build_descriptors,
+    client_ip,
+    failure,
+    log,
+)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -22,10 +31,14 @@ Send = Callable[[Message], Awaitable[None]]
 
 
 def _scope_user(scope: Scope) -> str | None:
+    """The authenticated user's ``identity`` (Starlette's BaseUser), else None."""
     user = scope.get("user")
     if user is None or not getattr(user, "is_authenticated", False):
         return None
-    identity = getattr(user, "identity", None) or getattr(user, "display_name", None)
+    try:
+        identity = user.identity
+    except (AttributeError, NotImplementedError):  # BaseUser leaves identity to subclasses
+        identity = getattr(user, "display_name", None)
     return str(identity) if identity else None
 
 
@@ -48,19 +61,28 @@ class SlidegateMiddleware:
         if scope["type"] != "http" or not applies(self.options, scope["path"]):
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        headers: dict[str, str] = {}
+        for raw_key, raw_value in scope.get("headers", []):
+            key, value = raw_key.decode("latin-1").lower(), raw_value.decode("latin-1")
+            # repeated lines of one header are one list (RFC 9110 5.3): X-Forwarded-For from several proxies
+            headers[key] = f"{headers[key]}, {value}" if key in headers else value
         peer = (scope.get("client") or ("", 0))[0]
+        try:
+            user = self.get_user(scope)
+        except Exception as exc:  # a user object we cannot read: treat as anonymous rather than fail the request
+            log.warning("cannot read the user (%s): limiting by address", exc)
+            user = None
         view = RequestView(path=scope["path"], method=scope["method"], headers=headers,
                            client_ip=client_ip(peer, headers.get("x-forwarded-for"), self.options.trusted_proxies),
-                           user_id=self.get_user(scope))
+                           user_id=user)
         descriptors = build_descriptors(self.options, view)
         if not descriptors:
             await self.app(scope, receive, send)
             return
         try:
             result = answer(await self._decide(self.options.domain, descriptors))
-        except RateLimitUnavailable as exc:
-            result = failure(self.options, str(exc))
+        except Exception as exc:  # unavailable, or anything unexpected: the configured failure mode decides
+            result = failure(self.options, f"{type(exc).__name__}: {exc}")
         extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in result.headers]
         if result.status is not None:
             await send({"type": "http.response.start", "status": result.status,

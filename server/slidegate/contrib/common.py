@@ -15,9 +15,11 @@ through) or ``closed`` (answer 503) when the limiter cannot answer within ``TIME
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,13 +48,15 @@ class Options:
     descriptors: tuple[tuple[str, ...], ...] = (("client",),)
     trusted_proxies: tuple[Network, ...] = ()
     failure_mode: str = "open"
-    timeout: float = 0.05
+    timeout: float = 0.25
     clock: Callable[[], int] | None = field(default=None, repr=False)  # in-process mode, for tests
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> Options:
         """Options from a mapping with keys in any case. Raises ValueError naming a bad option."""
         values = {str(k).lower(): v for k, v in raw.items()}
+        if len(values) < len(raw):
+            raise ValueError("slidegate middleware: an option is given twice (in different case)")
         unknown = set(values) - {f.name for f in cls.__dataclass_fields__.values()}
         if unknown:
             raise ValueError(f"unknown slidegate middleware option(s): {', '.join(sorted(unknown))}")
@@ -64,38 +68,79 @@ class Options:
             raise ValueError("slidegate middleware: FAILURE_MODE must be 'open' or 'closed'")
         if values.get("mode") == "in-process" and not values.get("config_dir"):
             raise ValueError("slidegate middleware: MODE 'in-process' needs CONFIG_DIR")
-        values["paths"] = tuple(values.get("paths", ()))
-        values["descriptors"] = tuple(tuple(d) for d in values.get("descriptors", (("client",),)))
+        def strings(name: str, default: Any) -> tuple[str, ...]:
+            value = values.get(name, default)
+            if isinstance(value, str) or not all(isinstance(v, str) for v in value or ()):
+                raise ValueError(f"slidegate middleware: {name.upper()} must be a list of strings")
+            return tuple(value or ())
+
+        if not isinstance(values["domain"], str):
+            raise ValueError("slidegate middleware: DOMAIN must be a string")
+        values["paths"] = strings("paths", ())
+        raw_descriptors = values.get("descriptors", (("client",),))
+        if isinstance(raw_descriptors, str) or not raw_descriptors or not all(
+                isinstance(d, list | tuple) and d and all(isinstance(s, str) for s in d) for d in raw_descriptors):
+            raise ValueError("slidegate middleware: DESCRIPTORS must be a non-empty list of non-empty lists of "
+                             "sources")
+        values["descriptors"] = tuple(tuple(d) for d in raw_descriptors)
         for source in (s for d in values["descriptors"] for s in d):
-            if source not in ("client", "user", "remote_address", "path", "method") and not source.startswith(
-                    ("header:", "generic:")):
+            known = source in ("client", "user", "remote_address", "path", "method")
+            if not known and not (source.startswith(("header:", "generic:")) and source.partition(":")[2]):
                 raise ValueError(f"slidegate middleware: unknown descriptor source {source!r}")
-        values["trusted_proxies"] = tuple(ipaddress.ip_network(n, strict=False)
-                                          for n in values.get("trusted_proxies", ()))
+        try:
+            values["trusted_proxies"] = tuple(ipaddress.ip_network(n, strict=False)
+                                              for n in strings("trusted_proxies", ()))
+        except ValueError as exc:
+            raise ValueError(f"slidegate middleware: TRUSTED_PROXIES: {exc}") from exc
+        timeout = values.get("timeout", 0.25)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 60:
+            raise ValueError("slidegate middleware: TIMEOUT must be a number of seconds, more than 0, at most 60")
+        target = values.get("target", "127.0.0.1:8081")
+        host, sep, port = str(target).rpartition(":")
+        if values.get("mode", "remote") == "remote" and (not sep or not host or "/" in target or not port.isdigit()):
+            raise ValueError(f"slidegate middleware: TARGET must be host:port, got {target!r}")
         return cls(**values)
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An address from a peer or X-Forwarded-For entry: ``1.2.3.4``, ``1.2.3.4:5678``, ``2001:db8::1``,
+    ``[2001:db8::1]:443``; IPv4-mapped IPv6 (``::ffff:10.0.0.5``) as IPv4. None for anything else."""
+    text = text.strip()
+    if text.startswith("["):
+        text = text[1:].partition("]")[0]
+    elif text.count(":") == 1:
+        text = text.partition(":")[0]
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
 
 
 def client_ip(peer: str, forwarded_for: str | None, trusted: Sequence[Network]) -> str:
     """The client address: the TCP peer, unless it is a trusted proxy; then the last address of
-    X-Forwarded-For that is not a trusted proxy (walking right to left, as each proxy appends the one it saw)."""
+    X-Forwarded-For (several header lines joined with commas, in order) that is not a trusted proxy, walking
+    right to left as each proxy appends the address it saw. Garbage in the header counts as an untrusted
+    hop that cannot be used: the answer is then the nearest trusted proxy, never an address the client
+    wrote where a trusted proxy should have."""
+    peer_ip = _address(peer)
 
-    def is_trusted(address: str) -> bool:
-        try:
-            ip = ipaddress.ip_address(address)
-        except ValueError:
-            return False
-        return any(ip in network for network in trusted)
+    def is_trusted(ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None) -> bool:
+        return ip is not None and any(ip in network for network in trusted)
 
-    if not forwarded_for or not is_trusted(peer):
-        return peer
-    hops = [hop.strip() for hop in forwarded_for.split(",") if hop.strip()]
-    for hop in reversed(hops):
-        if not is_trusted(hop):
-            try:
-                return str(ipaddress.ip_address(hop))
-            except ValueError:
-                return peer  # garbage from the client: fall back to what we saw
-    return hops[0] if hops else peer
+    if peer_ip is None:
+        return peer  # e.g. a Unix socket: nothing better to go by
+    if not forwarded_for or not is_trusted(peer_ip):
+        return str(peer_ip)
+    nearest = peer_ip
+    for hop in reversed([h for h in forwarded_for.split(",") if h.strip()]):
+        ip = _address(hop)
+        if not is_trusted(ip):
+            return str(ip) if ip is not None else str(nearest)
+        nearest = ip  # type: ignore[assignment]  # trusted, so not None
+    return str(nearest)
 
 
 @dataclass(frozen=True)
@@ -109,10 +154,24 @@ class RequestView:
     user_id: str | None
 
 
+MAX_VALUE = 256  # longer values are replaced by their digest: a client cannot make its request unlimitable
+
+
+def _bounded(value: str) -> str:
+    if len(value) <= MAX_VALUE:
+        return value
+    return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()
+
+
 def build_descriptors(options: Options, view: RequestView) -> list[DescriptorSpec]:
     """The descriptors for one request; a descriptor whose source is missing (no such header, anonymous
-    ``user``) is left out, as Envoy does."""
-    out: list[DescriptorSpec] = []
+    ``user``) is left out, as Envoy does. Values over MAX_VALUE characters (a long path or header) are
+    replaced by their SHA-256, so they are limited like any other instead of being refused."""
+    return [[(key, _bounded(value)) for key, value in entries] for entries in _descriptors(options, view)]
+
+
+def _descriptors(options: Options, view: RequestView) -> list[list[tuple[str, str]]]:
+    out: list[list[tuple[str, str]]] = []
     for sources in options.descriptors:
         entries: list[tuple[str, str]] = []
         for source in sources:
@@ -161,10 +220,17 @@ def answer(decision: Decision) -> Answer:
     return Answer(429, [*decision.headers(), ("Content-Type", "application/json")], body)
 
 
+_last_warning = [0.0, 0]  # time of the last warning, failures since
+
+
 def failure(options: Options, reason: str) -> Answer:
-    """The configured answer when the limiter could not decide (logged and counted)."""
+    """The configured answer when the limiter could not decide (counted; logged at most every 10 s)."""
     FAILURES.labels(options.failure_mode).inc()
-    log.warning("rate limiter unavailable (%s): failing %s", reason, options.failure_mode)
+    _last_warning[1] += 1
+    if time.monotonic() - _last_warning[0] >= 10:
+        log.warning("rate limiter unavailable (%s; %d requests): failing %s", reason, _last_warning[1],
+                    options.failure_mode)
+        _last_warning[:] = [time.monotonic(), 0]
     if options.failure_mode == "open":
         return Answer(None, [])
     body = json.dumps({"error": "rate limiter unavailable"}).encode()

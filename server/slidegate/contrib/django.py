@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
-from slidegate.client import InProcessLimiter, RateLimitClient, RateLimitUnavailable
+from slidegate.client import InProcessLimiter, RateLimitClient
 from slidegate.contrib.common import (
     Answer,
     Options,
@@ -53,8 +53,8 @@ class SlidegateMiddleware:
             return self.get_response(request)
         try:
             result = answer(self._decide(self.options.domain, descriptors))
-        except RateLimitUnavailable as exc:
-            result = failure(self.options, str(exc))
+        except Exception as exc:  # unavailable, or anything unexpected: the configured failure mode decides
+            result = failure(self.options, f"{type(exc).__name__}: {exc}")
         return self._respond(request, result)
 
     def _respond(self, request: HttpRequest, result: Answer) -> HttpResponse:
