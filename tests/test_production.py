@@ -18,8 +18,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate._proto.slidegate.wire.v1 import lenient_pb2
@@ -140,10 +143,19 @@ def test_health_waits_for_storage_and_ends_at_sigterm(write_config: Callable[...
         assert served.http("/healthcheck") == (200, "OK")
         # a call in flight when SIGTERM comes: the health check says NOT SERVING while it drains
         blocker = subprocess.Popen([sys.executable, "-c", f"import redis; redis.Redis(port={redis_server.port})"
-                                    ".execute_command('DEBUG', 'SLEEP', '1.5')"])
-        time.sleep(0.2)
+                                    ".execute_command('DEBUG', 'SLEEP', '2')"])
+        probe = redis.Redis(port=redis_server.port, socket_timeout=0.05, retry=Retry(NoBackoff(), 0))
+
+        def busy() -> bool:
+            try:
+                probe.ping()
+                return False
+            except redis.TimeoutError:
+                return True
+
+        assert wait_for(busy)  # Redis is asleep now
         call = served.stub().ShouldRateLimit.future(request("p", descriptor(("user", "d"))), timeout=10)
-        time.sleep(0.2)
+        time.sleep(0.1)
         served.process.send_signal(signal.SIGTERM)
         assert wait_for(lambda: served.http("/healthcheck")[0] == 503, timeout=1.0)
         assert call.result().overall_code == OK
