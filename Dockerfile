@@ -11,6 +11,6 @@ RUN pip install --no-cache-dir . && rm -rf /src
 
 WORKDIR /
 USER nobody
-EXPOSE 8081
+EXPOSE 8081 8080 6070
 ENTRYPOINT ["slidegate"]
 CMD ["serve", "--config", "/etc/slidegate/config"]

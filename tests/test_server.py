@@ -50,6 +50,7 @@ def serve(config_dir: Path, *args: str, env: dict[str, str] | None = None, timeo
                                        "'leaky' is not a valid Algorithm"),
     (("--shadow-mode", "perhaps"), "--shadow-mode / SHADOW_MODE (--shadow-mode): 'perhaps' is not true or false"),
     (("--grpc-server-use-tls", "true"), "GRPC_SERVER_USE_TLS needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY"),
+    (("--redis-type", "cluster"), "REDIS_TYPE=cluster is not supported yet: use one Redis (single)"),
 ])
 def test_bad_settings_fail_clearly(write_config: Callable[..., Path], args: tuple[str, ...], message: str) -> None:
     done = serve(write_config(CONFIG), "--grpc-port", str(stack.free_port()), *args)

@@ -119,6 +119,8 @@ SPECS: tuple[Spec, ...] = (
          "watch the config directory's parent too, so a swapped symlink (Kubernetes ConfigMap) is seen"),
     Spec("backend_type", "BACKEND_TYPE", "--backend", "redis", _choice("redis", "memory"),
          "redis (shared by every replica) or memory (this process only)"),
+    Spec("redis_type", "REDIS_TYPE", "--redis-type", "single", _choice("single", "sentinel", "cluster"),
+         "single is supported; sentinel and cluster are refused at start for now"),
     Spec("redis_url", "REDIS_URL", "--redis-url", "redis://127.0.0.1:6379/0", str,
          "Redis keeping the counters: redis://, rediss:// (TLS) or unix://"),
     Spec("redis_auth", "REDIS_AUTH", "--redis-auth", "", str,
@@ -188,6 +190,7 @@ class Settings:
     runtime_appdirectory: str
     runtime_watch_root: bool
     backend_type: str
+    redis_type: str
     redis_url: str
     redis_auth: str
     redis_tls: bool
@@ -247,6 +250,8 @@ class Settings:
             raise SettingsError("GRPC_SERVER_USE_TLS needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY")
         if self.grpc_client_tls_cacert and not self.grpc_server_use_tls:
             raise SettingsError("GRPC_CLIENT_TLS_CACERT (mutual TLS) needs GRPC_SERVER_USE_TLS=true")
+        if self.redis_type != "single" and self.backend_type == "redis":
+            raise SettingsError(f"REDIS_TYPE={self.redis_type} is not supported yet: use one Redis (single)")
         if bool(self.redis_tls_client_cert) != bool(self.redis_tls_client_key):
             raise SettingsError("REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together")
 
