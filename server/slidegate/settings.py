@@ -7,7 +7,6 @@ README.md's settings table lists them all and a test keeps it equal to ``SPECS``
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -261,12 +260,3 @@ class Settings:
         if self.config_dir:
             return Path(self.config_dir)
         return Path(self.runtime_root, self.runtime_subdirectory, self.runtime_appdirectory)
-
-    def replace(self, **changes: Any) -> Settings:
-        """A copy with ``changes`` (for tests and tools)."""
-        return dataclasses.replace(self, **changes)
-
-
-def defaults(**changes: Any) -> Settings:
-    """The default settings with ``changes`` applied."""
-    return Settings.load({}).replace(**changes)
