@@ -225,6 +225,10 @@ def test_redis_auth(write_config: Callable[..., Path], serve: Callable[..., Serv
         wrong = serve(write_config(CONFIG), "--redis-auth", "nope", url=server.url, wait=False)
         assert wait_for(lambda: wrong.http("/healthcheck")[0] == 503)
         assert wait_for(lambda: "health: not serving, the storage does not answer" in wrong.output())
+        with pytest.raises(grpc.RpcError) as caught:
+            wrong.stub().ShouldRateLimit(request("p", descriptor(("user", "a"))), timeout=5)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "ratelimit_storage_errors_total 1.0" in wrong.http("/metrics")[1]
         assert f"storage: redis at redis://127.0.0.1:{server.port}/0" in wrong.output()
         assert "nope" not in wrong.output()
     finally:
