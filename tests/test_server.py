@@ -37,19 +37,21 @@ def serve(config_dir: Path, *args: str, env: dict[str, str] | None = None, timeo
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (("--redis-url", "foo://x"), "invalid setting: Redis URL 'foo://x' must start with redis://, rediss:// or unix://"),
+    (("--redis-url", "foo://x"),
+     "--redis-url / REDIS_URL: Redis URL 'foo://x' must start with redis://, rediss:// or unix://"),
     (("--redis-url", "127.0.0.1:6379"), "must start with redis://, rediss:// or unix://"),
     (("--redis-url", "redis://127.0.0.1:99999/0"),
-     "invalid setting: Redis URL 'redis://127.0.0.1:99999/0': Port out of range"),
+     "--redis-url / REDIS_URL: Redis URL 'redis://127.0.0.1:99999/0': Port out of range"),
     (("--redis-url", "redis://:s3cret@127.0.0.1:99999/0"), "Redis URL 'redis://:***@127.0.0.1:99999/0'"),
-    (("--redis-timeout", "0"), "--redis-timeout / REDIS_TIMEOUT (--redis-timeout): '0' must be more than 0 and "
+    (("--redis-timeout", "0"), "--redis-timeout / REDIS_TIMEOUT (from the flag): '0' must be more than 0 and "
                                "at most 60 s"),
     (("--redis-timeout", "soon"), "invalid duration 'soon' (use e.g. 250ms or 0.25s)"),
-    (("--grpc-port", "abc"), "--grpc-port / GRPC_PORT (--grpc-port): 'abc' is not a whole number"),
-    (("--default-algorithm", "leaky"), "--default-algorithm / DEFAULT_ALGORITHM (--default-algorithm): "
-                                       "'leaky' is not a valid Algorithm"),
-    (("--shadow-mode", "perhaps"), "--shadow-mode / SHADOW_MODE (--shadow-mode): 'perhaps' is not true or false"),
-    (("--grpc-server-use-tls", "true"), "GRPC_SERVER_USE_TLS needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY"),
+    (("--grpc-port", "abc"), "--grpc-port / GRPC_PORT (from the flag): 'abc' is not a whole number"),
+    (("--default-algorithm", "leaky"), "--default-algorithm / DEFAULT_ALGORITHM (from the flag): 'leaky' is not "
+                                       "one of sliding_window_log, sliding_window_counter, token_bucket, "
+                                       "fixed_window"),
+    (("--shadow-mode", "perhaps"), "--shadow-mode / SHADOW_MODE (from the flag): 'perhaps' is not true or false"),
+    (("--grpc-server-use-tls", "true"), "GRPC_SERVER_USE_TLS needs --grpc-server-tls-cert / GRPC_SERVER_TLS_CERT"),
     (("--redis-type", "cluster"), "REDIS_TYPE=cluster is not supported yet: use one Redis (single)"),
 ])
 def test_bad_settings_fail_clearly(write_config: Callable[..., Path], args: tuple[str, ...], message: str) -> None:
@@ -98,9 +100,9 @@ def test_defaults_and_precedence() -> None:
     with pytest.raises(SettingsError) as caught:
         Settings.load({"GRPC_PORT": "70000", "NEAR_LIMIT_RATIO": "2", "LOG_FORMAT": "xml"})
     assert str(caught.value).splitlines()[1:] == [
-        "  --grpc-port / GRPC_PORT (GRPC_PORT): 70000 is not a port (0-65535)",
-        "  --log-format / LOG_FORMAT (LOG_FORMAT): 'xml' is not one of text, json",
-        "  --near-limit-ratio / NEAR_LIMIT_RATIO (NEAR_LIMIT_RATIO): 2.0 must be more than 0 and at most 1",
+        "  --grpc-port / GRPC_PORT (from the environment): 70000 is not a port (0-65535)",
+        "  --log-format / LOG_FORMAT (from the environment): 'xml' is not one of text, json",
+        "  --near-limit-ratio / NEAR_LIMIT_RATIO (from the environment): 2.0 must be more than 0 and at most 1",
     ]
 
 

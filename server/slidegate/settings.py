@@ -157,7 +157,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("log_format", "LOG_FORMAT", "--log-format", "text", _choice("text", "json"), "text or JSON lines"),
     Spec("cache_key_prefix", "CACHE_KEY_PREFIX", "--cache-key-prefix", "", str, "prefix of every Redis key"),
     Spec("default_algorithm", "DEFAULT_ALGORITHM", "--default-algorithm", Algorithm.SLIDING_WINDOW_LOG.value,
-         lambda text: Algorithm(text.strip().lower()), "algorithm of limits that name none, and of overrides"),
+         lambda text: Algorithm(_choice(*(a.value for a in Algorithm))(text)),
+         "algorithm of limits that name none, and of overrides"),
     Spec("merge_domain_config", "MERGE_DOMAIN_CONFIG", "--merge-domain-config", "false", _bool,
          "let several files add descriptors to one domain"),
     Spec("shadow_mode", "SHADOW_MODE", "--shadow-mode", "false", _bool,
@@ -231,12 +232,16 @@ class Settings:
         problems = []
         for spec in SPECS:
             flag = (flags or {}).get(spec.field)
-            source, text = ((spec.flag, flag) if flag is not None
-                            else (spec.env, environ[spec.env]) if spec.env in environ else ("default", spec.default))
+            if flag is not None:
+                source, text = "flag", flag
+            elif spec.env in environ:
+                source, text = "environment", environ[spec.env]
+            else:
+                source, text = "default", spec.default
             try:
                 values[spec.field] = spec.parse(text)
             except ValueError as exc:
-                problems.append(f"{spec.flag} / {spec.env} ({source}): {exc}")
+                problems.append(f"{spec.flag} / {spec.env} (from the {source}): {exc}")
         if problems:
             raise SettingsError("invalid settings:\n  " + "\n  ".join(problems))
         settings = cls(**values)
@@ -244,11 +249,20 @@ class Settings:
         return settings
 
     def check(self) -> None:
-        """Raise SettingsError for settings that only make sense together."""
+        """Raise SettingsError for settings that only make sense together, and for a malformed Redis URL."""
+        from slidegate.backends.redis import check_url
+
+        if self.backend_type == "redis":
+            try:
+                check_url(self.redis_url)
+            except ValueError as exc:
+                raise SettingsError(f"invalid settings:\n  --redis-url / REDIS_URL: {exc}") from exc
         if self.grpc_server_use_tls and not (self.grpc_server_tls_cert and self.grpc_server_tls_key):
-            raise SettingsError("GRPC_SERVER_USE_TLS needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY")
+            raise SettingsError("--grpc-server-use-tls / GRPC_SERVER_USE_TLS needs --grpc-server-tls-cert / "
+                                "GRPC_SERVER_TLS_CERT and --grpc-server-tls-key / GRPC_SERVER_TLS_KEY")
         if self.grpc_client_tls_cacert and not self.grpc_server_use_tls:
-            raise SettingsError("GRPC_CLIENT_TLS_CACERT (mutual TLS) needs GRPC_SERVER_USE_TLS=true")
+            raise SettingsError("--grpc-client-tls-cacert / GRPC_CLIENT_TLS_CACERT (mutual TLS) needs "
+                                "--grpc-server-use-tls / GRPC_SERVER_USE_TLS=true")
         if self.redis_type != "single" and self.backend_type == "redis":
             raise SettingsError(f"REDIS_TYPE={self.redis_type} is not supported yet: use one Redis (single)")
         if bool(self.redis_tls_client_cert) != bool(self.redis_tls_client_key):
