@@ -115,7 +115,7 @@ def errors(write_config: WriteConfig, text: str) -> list[str]:
         ('domain: ""\n', ["config.yaml:1: domain: is required and must not be empty"]),
         ("- a\n- b\n", ["config.yaml:1: must be a mapping, got a list"]),
         ("domain: d\nextra: 1\n", [
-            "config.yaml:2: extra: unknown key 'extra' (expected one of: domain, descriptors)"]),
+            "config.yaml:2: extra: unknown key 'extra' (expected one of: domain, descriptors, failure_mode)"]),
         ("domain: d\ndescriptors:\n  - value: v\n", [
             "config.yaml:3: descriptors[0].key: is required and must not be empty"]),
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", [
@@ -220,7 +220,7 @@ def test_every_error_of_every_file_is_reported(write_config: WriteConfig) -> Non
         "(expected one of: second, minute, hour, day, week, month, year)",
         "a.yaml:5: descriptors[1].key: is required and must not be empty",
         "b.yaml:1: domain: duplicate domain 'a' (also in a.yaml)",
-        "c.yaml:2: bad: unknown key 'bad' (expected one of: domain, descriptors)",
+        "c.yaml:2: bad: unknown key 'bad' (expected one of: domain, descriptors, failure_mode)",
     ]
 
 

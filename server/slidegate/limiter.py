@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from slidegate.algorithms import Algorithm, token_bucket_is_exact
-from slidegate.backends.base import Backend, Check
+from slidegate.backends.base import Backend, BackendUnavailable, Check, Decision, Outcome
 from slidegate.config.loader import MAX_WINDOW_SECONDS
 from slidegate.config.model import Config, DescriptorNode, RateLimit
 from slidegate.keys import limit_key
@@ -60,6 +60,7 @@ class Status:
     shadow: bool = False
     rule: DescriptorNode | None = None
     hits: int = 0
+    degraded: str | None = None  # the failure mode that decided, when the storage did not
 
 
 NO_LIMIT = Status(limit=None)
@@ -70,12 +71,18 @@ class LimiterOptions:
     """``key_prefix`` starts every storage key (CACHE_KEY_PREFIX); ``default_algorithm`` counts limits that
     come with the request (overrides); ``stop_when_over``: fixed windows do not count hits of over-limit
     requests (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT); ``shadow_mode``: no limit rejects anything, every
-    limit is still evaluated and counted (SHADOW_MODE; the service reports the overall code as OK)."""
+    limit is still evaluated and counted (SHADOW_MODE; the service reports the overall code as OK);
+    ``failure_mode`` (FAILURE_MODE, a domain's ``failure_mode`` wins) when the storage cannot decide:
+    ``error`` raises BackendUnavailable (gRPC UNAVAILABLE: Envoy's failure_mode_deny decides), ``allow``
+    answers OK, ``deny`` answers OVER_LIMIT, ``local`` decides in this process's memory with every limit
+    divided by ``local_replicas`` (the number of slidegate replicas), until the storage answers again."""
 
     key_prefix: str = ""
     default_algorithm: Algorithm = Algorithm.SLIDING_WINDOW_LOG
     stop_when_over: bool = False
     shadow_mode: bool = False
+    failure_mode: str = "error"
+    local_replicas: int = 1
 
 
 class Limiter:
@@ -98,6 +105,7 @@ class Limiter:
         self._backend = backend
         self._options = options
         self._clock = clock
+        self._local: Backend | None = None
 
     def _match(self, domain: str, descriptor: Descriptor, config: Config) -> tuple[Status, str | None]:
         """The status skeleton for one descriptor and the storage key of its limit (None: not counted)."""
@@ -160,8 +168,32 @@ class Limiter:
             ))
             counted.append(index)
         if checks:
-            decision = await self._backend.decide(checks, self._clock() if self._clock else None, timeout)
+            now = self._clock() if self._clock else None
+            degraded = None
+            try:
+                decision = await self._backend.decide(checks, now, timeout)
+            except BackendUnavailable:
+                degraded = config.domains[domain].failure_mode or self._options.failure_mode
+                if degraded == "error":
+                    raise
+                decision = await self._degraded(degraded, checks, now)
             for index, outcome in zip(counted, decision.outcomes, strict=True):
                 statuses[index] = dataclasses.replace(
-                    statuses[index], over=outcome.over, remaining=outcome.remaining, reset_us=outcome.reset_us)
+                    statuses[index], over=outcome.over, remaining=outcome.remaining, reset_us=outcome.reset_us,
+                    degraded=degraded)
         return statuses
+
+    async def _degraded(self, mode: str, checks: list[Check], now: int | None) -> Decision:
+        """The decision of failure mode ``mode`` (allow, deny or local) for ``checks``."""
+        if mode == "allow":
+            return Decision(True, [Outcome(False, c.limit, 0) for c in checks])
+        if mode == "deny":
+            return Decision(False, [Outcome(c.hits > 0, 0, c.window_us) for c in checks])
+        if self._local is None:
+            from slidegate.backends.memory import MemoryBackend
+
+            self._local = MemoryBackend()
+        share = max(1, self._options.local_replicas)
+        return await self._local.decide(
+            [dataclasses.replace(c, limit=c.limit // share, burst=None if c.burst is None else c.burst // share)
+             for c in checks], now)

@@ -18,6 +18,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from slidegate.backends.base import Backend
+from slidegate.backends.breaker import CircuitBreaker
 from slidegate.backends.memory import MemoryBackend
 from slidegate.backends.redis import RedisBackend, TlsOptions
 from slidegate.config import LoadOptions, load_directory
@@ -50,8 +51,9 @@ def make_backend(settings: Settings) -> Backend:
     # REDIS_AUTH is a password, or user:password (an ACL user): given apart from the URL, never quoted into it
     user, sep, password = settings.redis_auth.partition(":")
     auth = (user, password) if sep else (None, settings.redis_auth) if settings.redis_auth else None
-    return RedisBackend(url, timeout=settings.redis_timeout, pool_size=settings.redis_pool_size, tls=tls,
-                        auth=auth)
+    redis = RedisBackend(url, timeout=settings.redis_timeout, pool_size=settings.redis_pool_size, tls=tls,
+                         auth=auth)
+    return CircuitBreaker(redis)  # a dead Redis then costs microseconds per call, not a timeout each
 
 
 async def start_server(
@@ -94,6 +96,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     limiter = Limiter(lambda: holder.current, backend, LimiterOptions(
         key_prefix=settings.cache_key_prefix, default_algorithm=settings.default_algorithm,
         stop_when_over=settings.stop_cache_key_increment_when_overlimit, shadow_mode=settings.shadow_mode,
+        failure_mode=settings.failure_mode, local_replicas=settings.local_limit_replicas,
     ))
     service = RateLimitService(limiter, AnswerOptions(
         shadow_mode=settings.shadow_mode, dynamic_metadata=settings.response_dynamic_metadata,

@@ -211,9 +211,15 @@ class RateLimitService:
             self.metrics.storage_errors.inc()
             self._log_failure(exc)
             raise
-        self.metrics.storage_latency.observe(time.perf_counter() - started)
-        if self._last_failure_log:
-            self._log_recovery()
+        degraded = next((s.degraded for s in statuses if s.degraded), None)
+        if degraded:
+            self.metrics.storage_errors.inc()
+            self.metrics.degraded.labels(degraded).inc()
+            self._log_failure(BackendUnavailable(f"decided by failure mode {degraded}"))
+        else:
+            self.metrics.storage_latency.observe(time.perf_counter() - started)
+            if self._last_failure_log:
+                self._log_recovery()
         response = build_response(domain, descriptors, statuses, self._options)
         self._record(domain, descriptors, statuses, response)
         self.metrics.call_latency.observe(time.perf_counter() - started)

@@ -134,6 +134,11 @@ SPECS: tuple[Spec, ...] = (
     Spec("redis_tls_skip_hostname_verification", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
          "--redis-tls-skip-hostname-verification", "false", _bool,
          "accept a Redis certificate for another host name"),
+    Spec("failure_mode", "FAILURE_MODE", "--failure-mode", "error", _choice("error", "allow", "deny", "local"),
+         "when the storage cannot decide: error (UNAVAILABLE, Envoy's failure_mode_deny decides), allow, deny, "
+         "or local (in memory, each limit divided by LOCAL_LIMIT_REPLICAS); a domain's failure_mode wins"),
+    Spec("local_limit_replicas", "LOCAL_LIMIT_REPLICAS", "--local-limit-replicas", "1", _positive_int,
+         "slidegate replicas sharing the limits, for FAILURE_MODE=local"),
     Spec("redis_pool_size", "REDIS_POOL_SIZE", "--redis-pool-size", "64", _positive_int,
          "Redis connections at most; more calls in flight wait for one"),
     Spec("redis_timeout", "REDIS_TIMEOUT", "--redis-timeout", "250ms", _timeout,
@@ -198,6 +203,8 @@ class Settings:
     redis_tls_client_cert: str
     redis_tls_client_key: str
     redis_tls_skip_hostname_verification: bool
+    failure_mode: str
+    local_limit_replicas: int
     redis_pool_size: int
     redis_timeout: float
     grpc_host: str

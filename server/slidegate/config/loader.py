@@ -21,7 +21,8 @@ from slidegate.units import UNIT_NAMES, Unit
 
 UINT32_MAX = 4294967295
 MAX_WINDOW_SECONDS = 2**53 // 1_000_000  # windows are counted in microseconds, exact in a Lua double
-_TOP_KEYS = ("domain", "descriptors")
+_TOP_KEYS = ("domain", "descriptors", "failure_mode")  # failure_mode: slidegate's
+FAILURE_MODES = ("error", "allow", "deny", "local")
 _DESCRIPTOR_KEYS = (
     "key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode", "detailed_metric",
     "value_to_metric", "share_threshold", "metadata",
@@ -366,6 +367,13 @@ def _parse_root(f: _File, root: yaml.Node, config: DomainConfig) -> int:
             f.issue(domain_node, "domain", "is required and must not be empty")
         if "descriptors" in fields:
             _parse_descriptors(f, fields["descriptors"], "descriptors", config.root, config.domain)
+        if "failure_mode" in fields:
+            mode = f.string(fields["failure_mode"], "failure_mode")
+            if mode not in FAILURE_MODES:
+                f.issue(fields["failure_mode"], "failure_mode",
+                        f"unknown failure mode '{mode}' (expected one of: {', '.join(FAILURE_MODES)})")
+            else:
+                config.failure_mode = mode
     return line
 
 

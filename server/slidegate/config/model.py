@@ -106,6 +106,7 @@ class DomainConfig:
     domain: str
     root: Level
     source: str
+    failure_mode: str | None = None  # slidegate: overrides FAILURE_MODE for this domain
 
     def match(self, entries: tuple[tuple[str, str], ...]) -> Match | None:
         """The rule for one request descriptor, per envoyproxy/ratelimit's rules: walk the entries down the
