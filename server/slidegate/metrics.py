@@ -13,6 +13,8 @@ import math
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from slidegate.text import printable
+
 DETAILED_VALUES = 100
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
@@ -53,7 +55,7 @@ class Metrics:
         Request bytes that are not UTF-8 are shown as ``\\xNN``."""
         if not detailed:
             return rule_key
-        value = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        value = printable(value)
         seen = self._detailed.setdefault(f"{domain}\0{rule_key}", set())
         if value in seen or len(seen) < DETAILED_VALUES:
             seen.add(value)

@@ -24,6 +24,7 @@ from slidegate.backends.base import BackendUnavailable
 from slidegate.headers import rate_limit_headers
 from slidegate.limiter import Descriptor, InvalidOverride, Limiter, Override, Status
 from slidegate.metrics import Metrics
+from slidegate.text import printable
 from slidegate.units import Unit
 
 log = logging.getLogger(__name__)
@@ -141,18 +142,13 @@ def build_response(
     return response
 
 
-def _printable(text: str) -> str:
-    # request bytes that are not UTF-8 (kept as surrogate escapes) shown as \xNN: a Struct holds only UTF-8
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
 def _metadata(domain: str, descriptors: list[Descriptor], statuses: list[Status]) -> struct_pb2.Struct:
     """{domain, descriptors: [{entries: ["k=v"], metadata?}], quotaModeEnabled, quotaModeViolations: [i]}."""
     out = struct_pb2.Struct()
-    out["domain"] = _printable(domain)
+    out["domain"] = printable(domain)
     items: list[Any] = []
     for descriptor, status in zip(descriptors, statuses, strict=True):
-        item: dict[str, object] = {"entries": [_printable(f"{k}={v}") for k, v in descriptor.entries]}
+        item: dict[str, object] = {"entries": [printable(f"{k}={v}") for k, v in descriptor.entries]}
         if status.rule is not None and status.rule.metadata:
             item["metadata"] = status.rule.metadata
         items.append(item)
@@ -236,13 +232,13 @@ class RateLimitService:
             else:
                 value = descriptor.entries[-1][1] if descriptor.entries else ""
                 key = self.metrics.key(domain, rule.metric_key, value, rule.detailed_metric or rule.value_to_metric)
-            self.metrics.record(_printable(domain), key, hits=status.hits, limit=status.limit.requests_per_unit,
+            self.metrics.record(printable(domain), key, hits=status.hits, limit=status.limit.requests_per_unit,
                                 over=status.over, shadow=status.shadow or self._options.shadow_mode,
                                 remaining=status.remaining)
         if log.isEnabledFor(logging.DEBUG):
             fields = {
-                "domain": _printable(domain),
-                "descriptors": [[_printable(f"{k}={v}") for k, v in d.entries] for d in descriptors],
+                "domain": printable(domain),
+                "descriptors": [[printable(f"{k}={v}") for k, v in d.entries] for d in descriptors],
                 "codes": [rls_pb2.RateLimitResponse.Code.Name(s.code) for s in response.statuses],
                 "overall": rls_pb2.RateLimitResponse.Code.Name(response.overall_code),
             }
