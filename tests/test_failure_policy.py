@@ -4,6 +4,7 @@ the circuit breaker that makes a dead Redis cheap — against real redis-server 
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,10 +13,10 @@ from typing import Any
 import grpc
 import pytest
 
-from slidegate.backends.base import BackendUnavailable, Check
+from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded
 from slidegate.backends.breaker import CircuitBreaker
 from slidegate.backends.redis import RedisBackend
-from slidegate.config import ConfigError, load_directory
+from slidegate.config import ConfigError, LoadOptions, load_directory
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
 from tests.redis_servers import RedisServer
 from tests.served import Served, wait_for
@@ -102,3 +103,46 @@ def test_degraded_decisions_are_counted(write_config: Callable[..., Path], serve
             codes.append(exc.code())
     assert codes == [OVER_LIMIT] * 5
     assert wait_for(lambda: 'ratelimit_degraded_decisions_total{mode="deny"} 5.0' in served.http("/metrics")[1])
+
+
+async def test_local_shares_are_rounded_up(rls: Start, private_redis: RedisServer) -> None:
+    stub = await rls(CONFIG.replace("requests_per_unit: 4", "requests_per_unit: 1"), url=private_redis.url,
+                     timeout=0.2, use_clock=False, limiter_options={"failure_mode": "local", "local_replicas": 3})
+    private_redis.stop()
+    got = [(await stub.ShouldRateLimit(request("f", descriptor(("k", "v"))))).overall_code for _ in range(2)]
+    assert got == [OK, OVER_LIMIT]  # 1 per minute over 3 replicas: still 1 here, not 0
+
+
+async def test_the_callers_deadline_is_not_a_redis_failure(private_redis: RedisServer) -> None:
+    breaker = CircuitBreaker(RedisBackend(private_redis.url, timeout=2.0), failures=2, cooldown=5)
+    checks = [Check("sgbreaker:d", 4, 60_000_000, 0)]
+    await breaker.decide(checks)
+    assert private_redis.process is not None
+    private_redis.process.send_signal(signal.SIGSTOP)  # a pause far shorter than REDIS_TIMEOUT
+    try:
+        for _ in range(4):
+            with pytest.raises(DeadlineExceeded):
+                await breaker.decide(checks, timeout=0.02)
+    finally:
+        private_redis.process.send_signal(signal.SIGCONT)
+    assert not breaker.is_open
+    assert (await breaker.decide(checks)).admitted
+    await breaker.close()
+
+
+def test_merged_domain_files_agree_on_the_failure_mode(write_config: Callable[..., Path]) -> None:
+    write_config("domain: x\ndescriptors:\n  - key: a\n", "0.yaml")
+    directory = write_config("domain: x\nfailure_mode: deny\ndescriptors:\n  - key: b\n", "1.yaml")
+    assert load_directory(directory, LoadOptions(merge_domains=True)).domains["x"].failure_mode == "deny"
+    write_config("domain: x\nfailure_mode: Allow\ndescriptors:\n  - key: c\n", "2.yaml")
+    with pytest.raises(ConfigError, match="'allow' conflicts with 'deny' for domain 'x'"):
+        load_directory(directory, LoadOptions(merge_domains=True))
+
+
+def test_health_serves_without_redis_when_a_failure_mode_answers(
+        write_config: Callable[..., Path], serve: Callable[..., Served], private_redis: RedisServer) -> None:
+    served = serve(write_config(CONFIG), "--failure-mode", "allow", url=private_redis.url)
+    private_redis.stop()
+    assert wait_for(lambda: "health: the storage does not answer" in served.output(), timeout=10)
+    assert served.http("/healthcheck") == (200, "OK")
+    assert served.stub().ShouldRateLimit(request("f", descriptor(("k", "v")))).overall_code == OK

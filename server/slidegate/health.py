@@ -19,14 +19,15 @@ HEALTH_SERVICES = ("", "ratelimit")
 class Health:
     """The serving state, published to a gRPC HealthServicer."""
 
-    def __init__(self, servicer: HealthServicer) -> None:
+    def __init__(self, servicer: HealthServicer, needs_storage: bool = True) -> None:
         self._servicer = servicer
+        self._needs_storage = needs_storage  # False when a failure mode answers without the storage
         self.storage_ok = False
         self.draining = False
 
     @property
     def serving(self) -> bool:
-        return self.storage_ok and not self.draining
+        return (self.storage_ok or not self._needs_storage) and not self.draining
 
     async def publish(self) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if self.serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -48,7 +49,7 @@ class Health:
             except Exception as exc:  # BackendUnavailable, or anything unexpected: not serving either way
                 ok = False
                 if self.storage_ok or first:
-                    log.warning("health: not serving, the storage does not answer (%s)", exc)
+                    log.warning("health: the storage does not answer (%s)", exc)
             if ok and not self.storage_ok and not first:
                 log.warning("health: the storage answers again; serving")
             first = False

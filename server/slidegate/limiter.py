@@ -194,6 +194,10 @@ class Limiter:
 
             self._local = MemoryBackend()
         share = max(1, self._options.local_replicas)
+
+        def part(n: int) -> int:  # this replica's share, rounded up: a limit of 1 stays usable, 0 stays 0
+            return -(-n // share)
+
         return await self._local.decide(
-            [dataclasses.replace(c, limit=c.limit // share, burst=None if c.burst is None else c.burst // share)
+            [dataclasses.replace(c, limit=part(c.limit), burst=None if c.burst is None else part(c.burst))
              for c in checks], now)

@@ -107,7 +107,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
         credentials = server_credentials(settings.grpc_server_tls_cert, settings.grpc_server_tls_key,
                                          settings.grpc_client_tls_cacert)
     server, health_servicer, port = await start_server(service, settings.grpc_host, settings.grpc_port, credentials)
-    health = Health(health_servicer)
+    health = Health(health_servicer, needs_storage=settings.failure_mode == "error")
     await health.publish()
     runners = []
     stop = asyncio.Event()

@@ -14,6 +14,11 @@ class BackendUnavailable(Exception):
     UNAVAILABLE so that Envoy's ``failure_mode_deny`` decides."""
 
 
+class DeadlineExceeded(BackendUnavailable):
+    """The caller's deadline, shorter than the backend's own timeout, ran out: says nothing about the
+    backend's health (a circuit breaker does not count it)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Check:
     """One limited descriptor of a request.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from slidegate.backends.base import Backend, BackendUnavailable, Check, Decision
+from slidegate.backends.base import Backend, BackendUnavailable, Check, DeadlineExceeded, Decision
 
 
 class CircuitBreaker:
@@ -42,6 +42,8 @@ class CircuitBreaker:
             self._trial = True
         try:
             decision = await self._backend.decide(checks, now_us, timeout)
+        except DeadlineExceeded:
+            raise  # the caller was in a hurry: not the storage's fault
         except BackendUnavailable:
             self._failures += 1
             if self.is_open:

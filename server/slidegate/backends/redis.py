@@ -20,7 +20,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
 from slidegate.algorithms import Algorithm
-from slidegate.backends.base import BackendUnavailable, Check, Decision, Outcome
+from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded, Decision, Outcome
 from slidegate.resources import lua_script
 
 
@@ -110,10 +110,15 @@ class RedisBackend:
         for c in checks:
             args += (c.algorithm.value, *c.params(), c.clamped_hits(), int(c.shadow))
         keys = [c.key for c in checks]
+        caller_first = timeout is not None and timeout < self._timeout
         try:
-            async with asyncio.timeout(self._timeout if timeout is None else min(timeout, self._timeout)):
+            async with asyncio.timeout(timeout if caller_first else self._timeout):
                 reply = await self._eval(keys, args)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except TimeoutError as exc:
+            if caller_first:
+                raise DeadlineExceeded(f"{self.describe()}: the caller's deadline ({timeout:.3f} s) ran out") from exc
+            raise BackendUnavailable(f"{self.describe()}: {_reason(exc)}") from exc
+        except (RedisError, OSError) as exc:
             raise BackendUnavailable(f"{self.describe()}: {_reason(exc)}") from exc
         outcomes = [
             Outcome(over=bool(reply[i]), remaining=int(reply[i + 1]), reset_us=int(reply[i + 2]))

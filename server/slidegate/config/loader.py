@@ -368,12 +368,13 @@ def _parse_root(f: _File, root: yaml.Node, config: DomainConfig) -> int:
         if "descriptors" in fields:
             _parse_descriptors(f, fields["descriptors"], "descriptors", config.root, config.domain)
         if "failure_mode" in fields:
+            issues_before = len(f.issues)
             mode = f.string(fields["failure_mode"], "failure_mode")
-            if mode not in FAILURE_MODES:
+            if mode is not None and mode.lower() in FAILURE_MODES:
+                config.failure_mode = mode.lower()
+            elif len(f.issues) == issues_before:
                 f.issue(fields["failure_mode"], "failure_mode",
                         f"unknown failure mode '{mode}' (expected one of: {', '.join(FAILURE_MODES)})")
-            else:
-                config.failure_mode = mode
     return line
 
 
@@ -418,6 +419,12 @@ def load_directory(directory: str | Path, options: LoadOptions = LoadOptions()) 
                 str(path), line, "domain", f"duplicate domain '{config.domain}' (also in {first.source})"))
         else:
             issues.extend(_merge(first.root, config.root, config.domain, str(path)))
+            if config.failure_mode and first.failure_mode not in (None, config.failure_mode):
+                issues.append(ConfigIssue(
+                    str(path), 0, "failure_mode", f"'{config.failure_mode}' conflicts with '{first.failure_mode}' "
+                    f"for domain '{config.domain}' (merging domain files)"))
+            elif config.failure_mode:
+                first.failure_mode = config.failure_mode
     if issues:
         raise ConfigError(issues)
     return Config(domains=domains)
