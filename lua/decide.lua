@@ -1,16 +1,22 @@
--- decide.lua: decides every limited descriptor of one ShouldRateLimit call in one script call.
+-- decide.lua: decides the limited descriptors of one or more ShouldRateLimit calls in one script call.
 -- slidegate sends this file with the algorithm files (lua/<algorithm>.lua) placed where the marker line
 -- below stands; each registers itself in `algorithms`.
 --
--- KEYS[i]   the storage key of limit i (one key per limit, whatever the algorithm).
--- ARGV[1]   now in microseconds since the epoch, or "" to use Redis TIME (one clock for all replicas).
--- ARGV[2 + 6(i-1) ..]  for limit i: algorithm name, p1, p2, p3 (the algorithm's parameters, see its
---           file), hits (0 = check only; negative = give |hits| back, Envoy's is_negative_hits), shadow
---           ("1": the limit is evaluated but being over does not reject the request, else "0").
+-- Several requests in one call (slidegate batches the calls that arrive while a script call is in flight) are
+-- decided one after another, each exactly as if it had been a script call of its own.
 --
--- All-or-nothing: the request is admitted only when no (non-shadow) limit is over; then every limit's state is
--- written, otherwise none is (except an algorithm that counts denied hits, fixed_window by default).
--- Reply: { admitted (0|1), then for each limit i: over (0|1), remaining, reset (microseconds) }.
+-- ARGV[1]   now in microseconds since the epoch, or "" to use Redis TIME (one clock for all replicas).
+-- ARGV[2]   R, the number of requests; then for each request: n (its number of limits), then for each of its
+--           limits: algorithm name, p1, p2, p3 (the algorithm's parameters, see its file), hits (0 = check
+--           only; negative = give |hits| back, Envoy's is_negative_hits), shadow ("1": the limit is
+--           evaluated but being over does not reject the request, else "0").
+-- KEYS      the storage key of every limit, request after request (one key per limit, whatever the algorithm).
+--
+-- All-or-nothing per request: a request is admitted only when none of its (non-shadow) limits is over; then
+-- every one of its limits' state is written, otherwise none is (except an algorithm that counts denied hits,
+-- fixed_window by default).
+-- Reply: for each request in order: admitted (0|1), then for each of its limits: over (0|1), remaining,
+-- reset (microseconds).
 --   admitted (or counted anyway): remaining and reset after this request's hits;
 --   rejected, limit not over:     remaining and reset as if this request had not come;
 --   over limit:                   remaining 0, reset = time until this request's hits would fit.
@@ -39,52 +45,66 @@ else
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
-local states = {}   -- key -> state, so a limit named twice in one request is counted once, with both hits
-local order = {}    -- keys in first-seen order: writes happen in a deterministic order
-local answers = {}
-local admitted = 1
-for i = 1, #KEYS do
-  local b = 2 + (i - 1) * 6
-  local algorithm = algorithms[ARGV[b]]
-  if algorithm == nil then
-    return redis.error_reply('unknown algorithm ' .. tostring(ARGV[b]))
+-- Decide the request whose limits are KEYS[k0 + 1 .. k0 + n] and whose arguments start at ARGV[a0 + 1];
+-- append its answer to `reply`.
+local function decide(k0, a0, n, reply)
+  local states = {}   -- key -> state, so a limit named twice in one request is counted once, with both hits
+  local order = {}    -- keys in first-seen order: writes happen in a deterministic order
+  local answers = {}
+  local admitted = 1
+  for i = 1, n do
+    local b = a0 + (i - 1) * 6 + 1
+    local algorithm = algorithms[ARGV[b]]
+    if algorithm == nil then
+      return redis.error_reply('unknown algorithm ' .. tostring(ARGV[b]))
+    end
+    local key = KEYS[k0 + i]
+    local st = states[key]
+    if st == nil then
+      st = algorithm.load(key, tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), now)
+      st.algorithm = algorithm
+      states[key] = st
+      order[#order + 1] = key
+    end
+    local answer = {algorithm.evaluate(st, tonumber(ARGV[b + 4]), now)}
+    answer.state = st
+    -- a rejected request reports each limit as it was before this request, even a limit named twice
+    if st.before == nil then st.before = {answer[2], answer[3]} end
+    answers[i] = answer
+    if answer[1] == 1 and ARGV[b + 5] ~= '1' then admitted = 0 end
   end
-  local key = KEYS[i]
-  local st = states[key]
-  if st == nil then
-    st = algorithm.load(key, tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), now)
-    st.algorithm = algorithm
-    states[key] = st
-    order[#order + 1] = key
+
+  for _, key in ipairs(order) do
+    local st = states[key]
+    if admitted == 1 or st.counts_denied then st.algorithm.save(st, now) end
   end
-  local answer = {algorithm.evaluate(st, tonumber(ARGV[b + 4]), now)}
-  answer.state = st
-  -- a rejected request reports each limit as it was before this request, even a limit named twice
-  if st.before == nil then st.before = {answer[2], answer[3]} end
-  answers[i] = answer
-  if answer[1] == 1 and ARGV[b + 5] ~= '1' then admitted = 0 end
+
+  reply[#reply + 1] = admitted
+  for i = 1, n do
+    local a = answers[i]
+    if a[1] == 1 then
+      reply[#reply + 1] = 1
+      reply[#reply + 1] = 0
+      reply[#reply + 1] = a[6]
+    elseif admitted == 1 or a.state.counts_denied then
+      reply[#reply + 1] = 0
+      reply[#reply + 1] = a[4]
+      reply[#reply + 1] = a[5]
+    else
+      reply[#reply + 1] = 0
+      reply[#reply + 1] = a.state.before[1]
+      reply[#reply + 1] = a.state.before[2]
+    end
+  end
 end
 
-for _, key in ipairs(order) do
-  local st = states[key]
-  if admitted == 1 or st.counts_denied then st.algorithm.save(st, now) end
-end
-
-local reply = {admitted}
-for i = 1, #KEYS do
-  local a = answers[i]
-  if a[1] == 1 then
-    reply[#reply + 1] = 1
-    reply[#reply + 1] = 0
-    reply[#reply + 1] = a[6]
-  elseif admitted == 1 or a.state.counts_denied then
-    reply[#reply + 1] = 0
-    reply[#reply + 1] = a[4]
-    reply[#reply + 1] = a[5]
-  else
-    reply[#reply + 1] = 0
-    reply[#reply + 1] = a.state.before[1]
-    reply[#reply + 1] = a.state.before[2]
-  end
+local reply = {}
+local k0, a0 = 0, 2
+for _ = 1, tonumber(ARGV[2]) do
+  local n = tonumber(ARGV[a0 + 1])
+  local err = decide(k0, a0 + 1, n, reply)
+  if err then return err end
+  k0 = k0 + n
+  a0 = a0 + 1 + 6 * n
 end
 return reply

@@ -52,7 +52,7 @@ def serve(config_dir: Path, *args: str, env: dict[str, str] | None = None, timeo
                                        "fixed_window"),
     (("--shadow-mode", "perhaps"), "--shadow-mode / SHADOW_MODE (from the flag): 'perhaps' is not true or false"),
     (("--grpc-server-use-tls", "true"), "GRPC_SERVER_USE_TLS needs --grpc-server-tls-cert / GRPC_SERVER_TLS_CERT"),
-    (("--redis-type", "cluster"), "REDIS_TYPE=cluster is not supported yet: use one Redis (single)"),
+    (("--redis-type", "cluster"), "cluster REDIS_URL 'redis://127.0.0.1:6379/0' must be host:port"),
 ])
 def test_bad_settings_fail_clearly(write_config: Callable[..., Path], args: tuple[str, ...], message: str) -> None:
     done = serve(write_config(CONFIG), "--grpc-port", str(stack.free_port()), *args)

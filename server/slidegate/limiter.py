@@ -75,7 +75,8 @@ class LimiterOptions:
     ``failure_mode`` (FAILURE_MODE, a domain's ``failure_mode`` wins) when the storage cannot decide:
     ``error`` raises BackendUnavailable (gRPC UNAVAILABLE: Envoy's failure_mode_deny decides), ``allow``
     answers OK, ``deny`` answers OVER_LIMIT, ``local`` decides in this process's memory with every limit
-    divided by ``local_replicas`` (the number of slidegate replicas), until the storage answers again."""
+    divided by ``local_replicas`` (the number of slidegate replicas), until the storage answers again;
+    ``domain_slot``: every key of a domain in one Redis Cluster slot (REDIS_HASH_TAG=domain)."""
 
     key_prefix: str = ""
     default_algorithm: Algorithm = Algorithm.SLIDING_WINDOW_LOG
@@ -83,6 +84,7 @@ class LimiterOptions:
     shadow_mode: bool = False
     failure_mode: str = "error"
     local_replicas: int = 1
+    domain_slot: bool = False
 
 
 class Limiter:
@@ -124,7 +126,8 @@ class Limiter:
                 raise InvalidOverride("limit override is a token bucket too large to count exactly")
             # an override is its own limit: it does not share a counter with the configured one
             identity = f"{limit.algorithm.value}/{override.requests_per_unit}/{limit.window_seconds}"
-            return Status(limit), limit_key(self._options.key_prefix, identity, domain, descriptor.entries)
+            return Status(limit), limit_key(self._options.key_prefix, identity, domain, descriptor.entries,
+                                            domain_slot=self._options.domain_slot)
         match = domain_config.match(descriptor.entries)
         if match is None or match.rule.rate_limit is None:
             return NO_LIMIT, None
@@ -132,7 +135,8 @@ class Limiter:
         if limit.unlimited:
             return Status(None, remaining=UNLIMITED_REMAINING, rule=rule), None
         shadow = rule.shadow_mode or rule.quota_mode
-        key = limit_key(self._options.key_prefix, limit.algorithm.value, domain, match.key_entries)
+        key = limit_key(self._options.key_prefix, limit.algorithm.value, domain, match.key_entries,
+                        domain_slot=self._options.domain_slot)
         return Status(limit, shadow=shadow, rule=rule), key
 
     async def should_rate_limit(

@@ -18,9 +18,10 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from slidegate.backends.base import Backend
+from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.breaker import CircuitBreaker
 from slidegate.backends.memory import MemoryBackend
-from slidegate.backends.redis import RedisBackend, TlsOptions
+from slidegate.backends.redis import RedisBackend, TlsOptions, Topology
 from slidegate.config import LoadOptions, load_directory
 from slidegate.health import Health
 from slidegate.httpapi import make_app, start_app
@@ -36,24 +37,34 @@ _RLS = "envoy.service.ratelimit.v3.RateLimitService"
 
 
 def make_backend(settings: Settings) -> Backend:
-    """The storage backend the settings ask for. Raises ValueError for a malformed Redis URL."""
+    """The storage backend the settings ask for. Raises ValueError for a malformed Redis URL or a TLS file
+    that does not exist."""
     if settings.backend_type == "memory":
         return MemoryBackend()
     url = settings.redis_url
-    if settings.redis_tls and url.startswith("redis://"):
+    if settings.redis_type == "single" and settings.redis_tls and url.startswith("redis://"):
         url = "rediss://" + url.removeprefix("redis://")
     for name in ("redis_tls_cacert", "redis_tls_client_cert", "redis_tls_client_key"):
         file = getattr(settings, name)
         if file and not Path(file).is_file():
             raise ValueError(f"{name.upper()}: no such file {file!r}")
-    tls = TlsOptions(settings.redis_tls_cacert, settings.redis_tls_client_cert, settings.redis_tls_client_key,
-                     check_hostname=not settings.redis_tls_skip_hostname_verification)
-    # REDIS_AUTH is a password, or user:password (an ACL user): given apart from the URL, never quoted into it
-    user, sep, password = settings.redis_auth.partition(":")
-    auth = (user, password) if sep else (None, settings.redis_auth) if settings.redis_auth else None
-    redis = RedisBackend(url, timeout=settings.redis_timeout, pool_size=settings.redis_pool_size, tls=tls,
-                         auth=auth)
-    return CircuitBreaker(redis)  # a dead Redis then costs microseconds per call, not a timeout each
+    tls = None
+    if settings.redis_tls or url.startswith("rediss://"):
+        tls = TlsOptions(settings.redis_tls_cacert, settings.redis_tls_client_cert, settings.redis_tls_client_key,
+                         check_hostname=not settings.redis_tls_skip_hostname_verification)
+    topology = Topology(settings.redis_type, url, tls=tls, auth=_auth(settings.redis_auth),
+                        sentinel_auth=_auth(settings.redis_sentinel_auth))
+    redis = RedisBackend(topology, timeout=settings.redis_timeout, pool_size=settings.redis_pool_size)
+    # the breaker: a dead Redis costs microseconds per call, not a timeout each; the cache: a request that can
+    # only be rejected costs no round trip
+    return OverLimitCache(CircuitBreaker(redis))
+
+
+def _auth(text: str) -> tuple[str | None, str] | None:
+    """REDIS_AUTH's forms: a password, or user:password (an ACL user); given apart from the URL, never
+    quoted into it."""
+    user, sep, password = text.partition(":")
+    return (user, password) if sep else (None, text) if text else None
 
 
 async def start_server(
@@ -97,6 +108,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
         key_prefix=settings.cache_key_prefix, default_algorithm=settings.default_algorithm,
         stop_when_over=settings.stop_cache_key_increment_when_overlimit, shadow_mode=settings.shadow_mode,
         failure_mode=settings.failure_mode, local_replicas=settings.local_limit_replicas,
+        domain_slot=settings.redis_hash_tag == "domain",
     ))
     service = RateLimitService(limiter, AnswerOptions(
         shadow_mode=settings.shadow_mode, dynamic_metadata=settings.response_dynamic_metadata,

@@ -119,11 +119,17 @@ SPECS: tuple[Spec, ...] = (
     Spec("backend_type", "BACKEND_TYPE", "--backend", "redis", _choice("redis", "memory"),
          "redis (shared by every replica) or memory (this process only)"),
     Spec("redis_type", "REDIS_TYPE", "--redis-type", "single", _choice("single", "sentinel", "cluster"),
-         "single is supported; sentinel and cluster are refused at start for now"),
+         "single (one Redis), sentinel (a master found through Sentinel) or cluster (Redis Cluster)"),
     Spec("redis_url", "REDIS_URL", "--redis-url", "redis://127.0.0.1:6379/0", str,
-         "Redis keeping the counters: redis://, rediss:// (TLS) or unix://"),
+         "single: redis://, rediss:// (TLS) or unix:// URL; sentinel: master_name,host:port[,host:port…] "
+         "(the Sentinels); cluster: host:port[,host:port…] (any nodes)"),
     Spec("redis_auth", "REDIS_AUTH", "--redis-auth", "", str,
          "Redis password, or user:password (ACL); overrides one in the URL"),
+    Spec("redis_sentinel_auth", "REDIS_SENTINEL_AUTH", "--redis-sentinel-auth", "", str,
+         "password, or user:password, of the Sentinels themselves (REDIS_TYPE=sentinel)"),
+    Spec("redis_hash_tag", "REDIS_HASH_TAG", "--redis-hash-tag", "limit", _choice("limit", "domain"),
+         "what shares a Redis Cluster slot: limit (each limit its own; a request spanning slots is one call "
+         "per slot) or domain (a whole domain in one slot: every request one all-or-nothing call)"),
     Spec("redis_tls", "REDIS_TLS", "--redis-tls", "false", _bool, "connect to Redis with TLS (as rediss://)"),
     Spec("redis_tls_cacert", "REDIS_TLS_CACERT", "--redis-tls-cacert", "", str,
          "CA bundle to verify Redis's certificate (empty: the system's)"),
@@ -198,6 +204,8 @@ class Settings:
     redis_type: str
     redis_url: str
     redis_auth: str
+    redis_sentinel_auth: str
+    redis_hash_tag: str
     redis_tls: bool
     redis_tls_cacert: str
     redis_tls_client_cert: str
@@ -261,7 +269,7 @@ class Settings:
 
         if self.backend_type == "redis":
             try:
-                check_url(self.redis_url)
+                check_url(self.redis_url, self.redis_type)
             except ValueError as exc:
                 raise SettingsError(f"invalid settings:\n  --redis-url / REDIS_URL: {exc}") from exc
         if self.grpc_server_use_tls and not (self.grpc_server_tls_cert and self.grpc_server_tls_key):
@@ -270,8 +278,6 @@ class Settings:
         if self.grpc_client_tls_cacert and not self.grpc_server_use_tls:
             raise SettingsError("--grpc-client-tls-cacert / GRPC_CLIENT_TLS_CACERT (mutual TLS) needs "
                                 "--grpc-server-use-tls / GRPC_SERVER_USE_TLS=true")
-        if self.redis_type != "single" and self.backend_type == "redis":
-            raise SettingsError(f"REDIS_TYPE={self.redis_type} is not supported yet: use one Redis (single)")
         if bool(self.redis_tls_client_cert) != bool(self.redis_tls_client_key):
             raise SettingsError("REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together")
 

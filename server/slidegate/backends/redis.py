@@ -1,145 +1,156 @@
-"""The Redis backend: every request's limits are decided by one Lua script call (EVALSHA).
+"""The Redis backend: a request's limits are decided by one Lua script call (EVALSHA), or on Redis Cluster by
+one call per hash slot its keys fall in, sent together. On one Redis (or Sentinel's master), requests that
+arrive while others are at Redis share the next script call (slidegate.backends.batching); each is still
+decided on its own, all-or-nothing, in arrival order.
 
 Connection errors and timeouts become BackendUnavailable within ``timeout`` seconds. Nothing is retried
-except a NOSCRIPT reply (after SCRIPT FLUSH or a Redis restart), which means the script did not run: a call
-that may have executed is never sent twice, so no hit is counted twice.
+except a NOSCRIPT reply (after SCRIPT FLUSH, a Redis restart or a failover to a node that never saw the
+script), which means the script did not run: a call that may have executed is never sent twice, so no hit is
+counted twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import redis.asyncio as aioredis
-from redis.asyncio import connection
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from slidegate.algorithms import Algorithm
 from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded, Decision, Outcome
+from slidegate.backends.batching import Batcher
+from slidegate.backends.redis_cluster import ClusterRouter
+from slidegate.backends.redis_connect import TlsOptions, Topology, check_url, make_client, redact
 from slidegate.resources import lua_script
 
-
-def redact(url: str) -> str:
-    """``url`` with any password (in the user part or a ``password=`` query parameter) replaced by ``***``."""
-    parts = urlsplit(url)
-    if "@" in parts.netloc:
-        user = (parts.username or "") if parts.password is not None else ""
-        parts = parts._replace(netloc=f"{user}:***@{parts.netloc.rsplit('@', 1)[1]}")
-    if parts.query:
-        pairs = parse_qsl(parts.query, keep_blank_values=True)
-        query = [(k, "***" if k.lower() == "password" else v) for k, v in pairs]
-        parts = parts._replace(query=urlencode(query, safe="*"))
-    return urlunsplit(parts)
-
-
-def check_url(url: str) -> None:
-    """Raise ValueError naming the problem unless ``url`` is a usable redis://, rediss:// or unix:// URL."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(f"Redis URL {redact(url)!r} must start with redis://, rediss:// or unix://")
-    try:
-        parts.port  # noqa: B018 - urllib checks the port when it is read
-        connection.parse_url(url)
-    except ValueError as exc:
-        raise ValueError(f"Redis URL {redact(url)!r}: {exc}") from exc
-    if parts.scheme != "unix" and not parts.hostname:
-        raise ValueError(f"Redis URL {redact(url)!r} names no host")
-
-
-@dataclass(frozen=True, slots=True)
-class TlsOptions:
-    """TLS files for a rediss:// URL: CA bundle (empty: the system's), client certificate and key (mutual TLS),
-    and whether the certificate must name the host."""
-
-    ca_certs: str = ""
-    certfile: str = ""
-    keyfile: str = ""
-    check_hostname: bool = True
+__all__ = ["RedisBackend", "TlsOptions", "Topology", "check_url", "redact"]
 
 
 class RedisBackend:
-    """Limits of every algorithm in one Redis (``redis://`` or ``rediss://`` URL).
+    """Limits of every algorithm in Redis: ``target`` is a single Redis's URL or a Topology (single, Sentinel
+    or Cluster).
 
     ``timeout``: seconds allowed for one decision, connecting and waiting for a connection included
-    (default 0.25 s); ``pool_size``: connections at most (REDIS_POOL_SIZE); calls beyond it wait for one;
-    ``tls``: files for a rediss:// URL; ``auth``: (user or None, password), instead of the URL's.
-    Raises ValueError for a malformed URL.
+    (default 0.25 s); ``pool_size``: script calls in flight at most (REDIS_POOL_SIZE), so connections at most
+    (per node on a cluster); calls beyond it wait. Raises ValueError for a malformed URL.
+
+    On a cluster the checks of one request are grouped by hash slot and each group is decided by its own
+    script call, all sent at once: each group is all-or-nothing on its own, the request is admitted when every
+    group admits it, and a group that admitted keeps its hits when another rejects (or fails). Keys built
+    with REDIS_HASH_TAG=domain put a whole domain in one slot, so a request is one call and all-or-nothing.
     """
 
-    def __init__(self, url: str, *, timeout: float = 0.25, pool_size: int = 64, tls: TlsOptions | None = None,
-                 auth: tuple[str | None, str] | None = None) -> None:
-        check_url(url)
-        self._url = url
+    def __init__(self, target: str | Topology, *, timeout: float = 0.25, pool_size: int = 64) -> None:
+        self._topology = target if isinstance(target, Topology) else Topology("single", target)
         self._timeout = timeout
-        extra: dict[str, object] = {}
-        if auth is not None:  # (user or None, password): wins over any in the URL
-            extra["username"], extra["password"] = auth
-        if url.startswith("rediss://") and tls is not None:
-            extra = {"ssl_ca_certs": tls.ca_certs or None, "ssl_certfile": tls.certfile or None,
-                     "ssl_keyfile": tls.keyfile or None, "ssl_check_hostname": tls.check_hostname}
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=pool_size,
-            timeout=timeout,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),  # a retried EVALSHA could count hits twice
-            health_check_interval=0,
-            encoding_errors="surrogateescape",  # request bytes that are not UTF-8 travel as they came
-            **extra,
-        )
-        self._client = aioredis.Redis(connection_pool=pool)
+        self._client = make_client(self._topology, timeout=timeout, pool_size=pool_size)
+        # redis-py's pools fail when full: waiting here keeps every node within pool_size connections
+        self._permits = asyncio.Semaphore(pool_size)
+        self._router = ClusterRouter(self._client) if isinstance(self._client, RedisCluster) else None
+        # a cluster's requests span slots: only one Redis (or Sentinel's master) takes batches of requests
+        self._batcher: Batcher[tuple[Sequence[Check], str | int], Decision] = Batcher(self._decide_many)
         self._script = lua_script([a.value for a in Algorithm])
         self._sha = hashlib.sha1(self._script.encode()).hexdigest()
 
     def describe(self) -> str:
-        return f"redis at {redact(self._url)}"
+        return self._topology.describe()
 
     async def decide(
         self, checks: Sequence[Check], now_us: int | None = None, timeout: float | None = None
     ) -> Decision:
-        """Decide ``checks`` in one script call. Raises BackendUnavailable on any Redis failure or timeout."""
+        """Decide ``checks`` (one script call per hash slot on a cluster, else one). Raises BackendUnavailable
+        on any Redis failure or timeout, DeadlineExceeded when ``timeout`` (shorter than the backend's) ran out."""
         if not checks:
             return Decision(True, [])
-        args: list[str | int] = ["" if now_us is None else now_us]
-        for c in checks:
-            args += (c.algorithm.value, *c.params(), c.clamped_hits(), int(c.shadow))
-        keys = [c.key for c in checks]
+        clock: str | int = "" if now_us is None else now_us
         caller_first = timeout is not None and timeout < self._timeout
         try:
             async with asyncio.timeout(timeout if caller_first else self._timeout):
-                reply = await self._eval(keys, args)
+                if self._router is None:
+                    return await self._batcher.submit((checks, clock))
+                groups = self._groups(checks)
+                if len(groups) == 1:
+                    return (await self._decide_many([(checks, clock)]))[0]
+                decisions = await asyncio.gather(
+                    *(self._decide_many([([checks[i] for i in g], clock)]) for g in groups), return_exceptions=True)
         except TimeoutError as exc:
             if caller_first:
                 raise DeadlineExceeded(f"{self.describe()}: the caller's deadline ({timeout:.3f} s) ran out") from exc
             raise BackendUnavailable(f"{self.describe()}: {_reason(exc)}") from exc
-        except (RedisError, OSError) as exc:
+        except (RedisError, RedisClusterException, OSError) as exc:
             raise BackendUnavailable(f"{self.describe()}: {_reason(exc)}") from exc
-        outcomes = [
-            Outcome(over=bool(reply[i]), remaining=int(reply[i + 1]), reset_us=int(reply[i + 2]))
-            for i in range(1, len(reply), 3)
-        ]
-        return Decision(admitted=bool(reply[0]), outcomes=outcomes)
+        outcomes: list[Outcome | None] = [None] * len(checks)
+        admitted = True
+        for group, decided in zip(groups, decisions, strict=True):
+            if isinstance(decided, BaseException):
+                if isinstance(decided, (RedisError, RedisClusterException, OSError)):
+                    raise BackendUnavailable(f"{self.describe()}: {_reason(decided)}") from decided
+                raise decided
+            [decision] = decided
+            admitted = admitted and decision.admitted
+            for i, outcome in zip(group, decision.outcomes, strict=True):
+                outcomes[i] = outcome
+        return Decision(admitted, [o for o in outcomes if o is not None])
+
+    def _groups(self, checks: Sequence[Check]) -> list[list[int]]:
+        """Indexes of ``checks`` grouped by hash slot on a cluster (first-seen order), else one group."""
+        if self._router is None:
+            return [list(range(len(checks)))]
+        slots: dict[int, list[int]] = {}
+        for i, c in enumerate(checks):
+            slots.setdefault(self._router.slot(c.key), []).append(i)
+        return list(slots.values())
+
+    async def _decide_many(self, requests: list[tuple[Sequence[Check], str | int]]) -> list[Decision]:
+        """One Decision per request (its checks, its clock), in order: one script call for each run of
+        requests with the same clock (so one in production, where Redis's clock decides)."""
+        decisions: list[Decision] = []
+        for clock, run in itertools.groupby(requests, key=lambda r: r[1]):
+            batch = [checks for checks, _ in run]
+            keys: list[str] = []
+            args: list[str | int] = [clock, len(batch)]
+            for checks in batch:
+                args.append(len(checks))
+                for c in checks:
+                    keys.append(c.key)
+                    args += (c.algorithm.value, *c.params(), c.clamped_hits(), int(c.shadow))
+            reply = await self._eval(keys, args)
+            at = 0
+            for checks in batch:
+                outcomes = [Outcome(over=bool(reply[i]), remaining=int(reply[i + 1]), reset_us=int(reply[i + 2]))
+                            for i in range(at + 1, at + 1 + 3 * len(checks), 3)]
+                decisions.append(Decision(admitted=bool(reply[at]), outcomes=outcomes))
+                at += 1 + 3 * len(checks)
+        return decisions
 
     async def _eval(self, keys: list[str], args: list[str | int]) -> list[int]:
-        try:
-            reply: list[int] = await self._client.execute_command("EVALSHA", self._sha, len(keys), *keys, *args)
-        except NoScriptError:
-            # The script cache was flushed: NOSCRIPT means nothing ran, so loading and sending again is safe.
-            await self._client.execute_command("SCRIPT", "LOAD", self._script)
-            reply = await self._client.execute_command("EVALSHA", self._sha, len(keys), *keys, *args)
+        async with self._permits:
+            try:
+                return await self._execute(keys, "EVALSHA", self._sha, len(keys), *keys, *args)
+            except NoScriptError:
+                # Nothing ran. EVAL caches the script on the node that runs it (a new master after a failover).
+                return await self._execute(keys, "EVAL", self._script, len(keys), *keys, *args)
+
+    async def _execute(self, keys: list[str], *command: str | int) -> list[int]:
+        if self._router is not None:
+            reply: list[int] = await self._router.execute(keys[0], *command)
+        else:
+            reply = await self._client.execute_command(*command)
         return reply
 
     async def ping(self) -> None:
+        """Raise BackendUnavailable unless Redis (on a cluster: every master) answers PING in time."""
         try:
             async with asyncio.timeout(self._timeout):
-                await self._client.ping()
-        except (RedisError, OSError, TimeoutError) as exc:
+                async with self._permits:
+                    if self._router is not None:
+                        await self._router.ping()
+                    else:
+                        await self._client.ping()
+        except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
             raise BackendUnavailable(f"{self.describe()}: {_reason(exc)}") from exc
 
     async def close(self) -> None:

@@ -1,0 +1,273 @@
+"""slidegate's benchmark, with its reference points measured in the same run.
+
+    pip install -e '.[bench]'          # limits, throttled-py, matplotlib
+    apt-get install nghttp2-client     # h2load
+    python bench/run.py [--repeat 3] [--requests 20000] [--out bench/results]
+
+Starts a private redis-server (or uses REDIS_URL), the no-op RLS server (bench/noop_server.py: the Python
+ceiling) and `slidegate serve`, and drives both with h2load over gRPC (a pre-serialised request; h2load
+repeats one request, so each workload names its keys in its body). Every number is the median of --repeat
+runs; the README shows the ratios, since absolute numbers vary by ±20% on shared machines.
+
+Writes <out>.md (the tables) and <out>.png (a chart of calls/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from slidegate import stack
+from slidegate._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
+from slidegate.algorithms import Algorithm
+from slidegate.resources import lua_script
+
+HERE = Path(__file__).resolve().parent
+PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+ALGORITHMS = [a.value for a in Algorithm]
+
+CONFIG = """
+domain: bench
+descriptors:
+""" + "".join(f"""
+  - key: {algorithm}
+    rate_limit: {{unit: hour, requests_per_unit: 1000000000, algorithm: {algorithm}}}
+""" for algorithm in ALGORITHMS) + """
+  - key: d1
+    rate_limit: {unit: hour, requests_per_unit: 1000000000}
+  - key: d2
+    rate_limit: {unit: hour, requests_per_unit: 1000000000}
+  - key: d3
+    rate_limit: {unit: hour, requests_per_unit: 1000000000}
+  - key: hot
+    rate_limit: {unit: hour, requests_per_unit: 10}
+"""
+
+
+def body(*entries: tuple[str, str], directory: Path) -> Path:
+    """A file holding one gRPC message: the 5-byte prefix and a RateLimitRequest with one descriptor per entry."""
+    request = rls_pb2.RateLimitRequest(domain="bench", descriptors=[
+        ratelimit_pb2.RateLimitDescriptor(entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=k, value=v)])
+        for k, v in entries])
+    data = request.SerializeToString()
+    path = directory / f"body-{uuid.uuid4().hex[:8]}"
+    path.write_bytes(b"\0" + struct.pack(">I", len(data)) + data)
+    return path
+
+
+@dataclass
+class Load:
+    calls: float  # per second
+    p50_ms: float
+    p99_ms: float
+    cpu: dict[str, float]  # process name -> share of one core
+    failed: int
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def h2load(port: int, data: Path, requests: int, clients: int, streams: int, watch: dict[str, int],
+           extra: tuple[tuple[Path, int], ...] = ()) -> Load:
+    """Drive ``port`` with h2load; ``extra``: (body, clients) of other h2load runs sent at the same time."""
+    log = Path(tempfile.mktemp(prefix="h2load-"))
+
+    def command(body_file: Path, n: int, c: int, log_file: Path | None) -> list[str]:
+        return ["h2load", "-n", str(n), "-c", str(c), "-m", str(streams), "-t", "1", "-d", str(body_file),
+                "-H", "content-type: application/grpc", "-H", "te: trailers",
+                *(["--log-file", str(log_file)] if log_file else []), f"http://127.0.0.1:{port}{PATH}"]
+
+    before = {name: cpu_seconds(pid) for name, pid in watch.items()}
+    started = time.monotonic()
+    others = [subprocess.Popen(command(b, requests * c // clients, c, None), stdout=subprocess.DEVNULL)
+              for b, c in extra]
+    done = subprocess.run(command(data, requests, clients, log), capture_output=True, text=True, check=True)
+    for other in others:
+        other.wait()
+    elapsed = time.monotonic() - started
+    cpu = {name: (cpu_seconds(pid) - before[name]) / elapsed for name, pid in watch.items()}
+    total = requests + sum(requests * c // clients for _, c in extra)
+    durations = sorted(int(line.split()[2]) for line in log.read_text().splitlines() if line.strip())
+    log.unlink()
+    failed = int(re.search(r"(\d+) failed", done.stdout).group(1))  # type: ignore[union-attr]
+    return Load(total / elapsed, durations[len(durations) // 2] / 1000,
+                durations[int(len(durations) * 0.99)] / 1000, cpu, failed)
+
+
+def median_load(runs: list[Load]) -> Load:
+    return Load(statistics.median(r.calls for r in runs), statistics.median(r.p50_ms for r in runs),
+                statistics.median(r.p99_ms for r in runs),
+                {k: statistics.median(r.cpu[k] for r in runs) for k in runs[0].cpu}, sum(r.failed for r in runs))
+
+
+@contextmanager
+def private_redis() -> Iterator[tuple[str, subprocess.Popen[bytes] | None]]:
+    if os.environ.get("REDIS_URL"):
+        yield os.environ["REDIS_URL"], None
+        return
+    port = stack.free_port()
+    directory = tempfile.mkdtemp(prefix="slidegate-bench-redis-")
+    process = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                "--appendonly", "no", "--dir", directory], stdout=subprocess.DEVNULL)
+    client = redis.Redis(port=port)
+    for _ in range(200):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.02)
+    try:
+        yield f"redis://127.0.0.1:{port}/0", process
+    finally:
+        process.kill()
+        process.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def redis_pid(url: str) -> int:
+    info: dict[str, object] = redis.Redis.from_url(url).info("server")
+    return int(str(info["process_id"]))
+
+
+def redis_benchmark(url: str, requests: int) -> float:
+    """EVALSHA of slidegate's script for one sliding-window-log limit, 50 connections: the Redis ceiling."""
+    script = lua_script(ALGORITHMS)
+    client = redis.Redis.from_url(url)
+    sha = client.script_load(script)
+    assert sha == hashlib.sha1(script.encode()).hexdigest()
+    port = str(client.connection_pool.connection_kwargs.get("port", 6379))
+    out = subprocess.run(["redis-benchmark", "-p", port, "-c", "50", "-n", str(requests), "-r", "10000", "-q",
+                          "EVALSHA", sha, "1", "rb:{__rand_int__}", "", "1", "1", "sliding_window_log",
+                          "1000000000", "3600000000", "0", "1", "0"],
+                         capture_output=True, text=True, check=True).stdout
+    return float(re.findall(r"([\d.]+) requests per second", out)[-1])
+
+
+def core_rates(url: str, calls: int) -> dict[str, float]:
+    """Decisions per second in one process, no gRPC, against the same Redis: slidegate's Limiter (asyncio,
+    100 concurrent callers, batching), the `limits` library and throttled-py (synchronous: their usual use)."""
+    rates: dict[str, float] = {}
+    script = HERE / "core_rate.py"
+    for name in ("slidegate-log", "slidegate-counter", "limits-moving-window", "limits-sliding-window",
+                 "throttled-sliding-window"):
+        out = subprocess.run([sys.executable, str(script), name, url, str(calls)], capture_output=True,
+                             text=True, check=True).stdout
+        rates[name] = float(out.split()[-1])
+    return rates
+
+
+def chart(rows: list[tuple[str, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1))
+    names, values = [r[0] for r in rows], [r[1] for r in rows]
+    ax.barh(names[::-1], values[::-1], color="#3b6ea5")
+    ax.set_xlabel("calls/s (median)")
+    ax.set_title("slidegate vs its reference points, one run")
+    for y, v in enumerate(values[::-1]):
+        ax.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--out", default=str(HERE / "results"))
+    options = parser.parse_args()
+    if shutil.which("h2load") is None:
+        sys.exit("h2load not found: apt-get install nghttp2-client")
+    work = Path(tempfile.mkdtemp(prefix="slidegate-bench-"))
+    (work / "config").mkdir()
+    (work / "config" / "bench.yaml").write_text(CONFIG)
+    n, repeat = options.requests, options.repeat
+    results: dict[str, Load] = {}
+    with private_redis() as (url, _):
+        prefix = f"bench-{uuid.uuid4().hex[:6]}:"
+        noop_port, sg_port = stack.free_port(), stack.free_port()
+        noop = subprocess.Popen([sys.executable, str(HERE / "noop_server.py"), str(noop_port)])
+        slidegate = stack.start_slidegate(work / "config", sg_port, redis_url=url, key_prefix=prefix,
+                                          extra_args=("--log-level", "warning"))
+        time.sleep(1)
+        watch = {"server": 0, "redis": redis_pid(url)}
+
+        def run(name: str, port: int, server_pid: int, data: Path, clients: int = 10, streams: int = 10,
+                extra: tuple[tuple[Path, int], ...] = (), requests: int = n) -> None:
+            watch["server"] = server_pid
+            h2load(port, data, min(requests, 2000), clients, streams, watch, extra)  # warm up
+            results[name] = median_load([h2load(port, data, requests, clients, streams, watch, extra)
+                                         for _ in range(repeat)])
+            print(f"{name:40} {results[name].calls:8.0f}/s p50 {results[name].p50_ms:.2f} ms "
+                  f"p99 {results[name].p99_ms:.2f} ms cpu {results[name].cpu}", flush=True)
+
+        try:
+            one = body(("sliding_window_log", "k1"), directory=work)
+            run("no-op handler, 1 descriptor", noop_port, noop.pid, one)
+            run("no-op handler, unloaded (c1 m1)", noop_port, noop.pid, one, 1, 1, requests=n // 10)
+            run("slidegate, 1 descriptor, log", sg_port, slidegate.pid, one)
+            run("slidegate, unloaded (c1 m1)", sg_port, slidegate.pid, one, 1, 1, requests=n // 10)
+            run("slidegate, 4 descriptors", sg_port, slidegate.pid,
+                body(("sliding_window_log", "k"), ("d1", "a"), ("d2", "b"), ("d3", "c"), directory=work))
+            hot = body(("hot", "attacker"), directory=work)
+            run("slidegate, attack (90% one over-limit key)", sg_port, slidegate.pid, hot, 9,
+                extra=((one, 1),))
+            run("no-op handler, attack mix", noop_port, noop.pid, hot, 9, extra=((one, 1),))
+            for algorithm in ALGORITHMS[1:]:
+                run(f"slidegate, 1 descriptor, {algorithm}", sg_port, slidegate.pid,
+                    body((algorithm, "k1"), directory=work))
+        finally:
+            stack.stop(slidegate)
+            noop.terminate()
+            noop.wait()
+        ceiling = redis_benchmark(url, n * 5)
+        core = core_rates(url, n)
+    write_report(Path(options.out), results, ceiling, core, repeat)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def write_report(out: Path, results: dict[str, Load], ceiling: float, core: dict[str, float], repeat: int) -> None:
+    noop = results["no-op handler, 1 descriptor"]
+    lines = [f"Median of {repeat} runs; h2load -c 10 -m 10 unless marked; ratios to the no-op handler of the same "
+             "run.", "", "| workload | calls/s | ratio to no-op | p50 ms | p99 ms | server CPU | Redis CPU | failed |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, load in results.items():
+        base = results["no-op handler, attack mix"] if "attack" in name else (
+            results["no-op handler, unloaded (c1 m1)"] if "unloaded" in name else noop)
+        lines.append(f"| {name} | {load.calls:,.0f} | {load.calls / base.calls:.2f} | {load.p50_ms:.2f} | "
+                     f"{load.p99_ms:.2f} | {load.cpu['server']:.0%} | {load.cpu['redis']:.0%} | {load.failed} |")
+    lines += ["", f"redis-benchmark, EVALSHA of slidegate's script (sliding-window log), 50 connections: "
+              f"{ceiling:,.0f} calls/s.", "", "| core decisions, one process, same Redis | decisions/s | "
+              "ratio to slidegate-log |", "|---|---|---|"]
+    for name, rate in core.items():
+        lines.append(f"| {name} | {rate:,.0f} | {rate / core['slidegate-log']:.2f} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    chart([(name, load.calls) for name, load in results.items()]
+          + [(f"core: {name}", rate) for name, rate in core.items()], out.with_suffix(".png"))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

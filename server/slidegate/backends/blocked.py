@@ -1,0 +1,83 @@
+"""A local cache of limits known to be over: requests that would only be rejected are answered without Redis.
+
+When the storage says a limit is over, it also says when this request's hits would fit (``reset_us``, exact
+for each algorithm). Until then, a request adding as many hits to the same limit — same key, which
+names domain, entries and algorithm, and same parameters, so a reloaded or overridden limit is a different
+entry — is over too, and since a rejected request counts nothing, answering it here changes no state. This
+is what keeps an attack on one hot key from costing a Redis round trip per request.
+
+Only rejections are cached, never an OK. A request is answered here only when every one of its limits is
+cached as over (a request that also names a limit with room must still learn that limit's remaining hits from
+the storage); shadow limits, check-only or give-back requests, a different number of hits (whose retry time
+differs) and requests naming one limit twice always go to the storage. One caveat: hits
+given back (``is_negative_hits``) by another request or replica can make room before the cached time, which
+this cache learns only when it expires.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from slidegate.backends.base import Backend, Check, Decision, Outcome
+
+Identity = tuple[str, int, int, int | None, str, bool]
+
+
+def _identity(c: Check) -> Identity:
+    return c.key, c.limit, c.window_us, c.burst, c.algorithm.value, c.stop_when_over
+
+
+class OverLimitCache:
+    """``backend`` with known over-limit answers served locally (see the module docstring); at most
+    ``max_entries`` limits remembered. Same interface as the backend."""
+
+    def __init__(self, backend: Backend, *, max_entries: int = 100_000) -> None:
+        self._backend = backend
+        self._max_entries = max_entries
+        self._blocked: dict[Identity, tuple[int, int]] = {}  # identity -> (over until, µs; hits it was over for)
+
+    def describe(self) -> str:
+        return self._backend.describe()
+
+    @staticmethod
+    def _now(now_us: int | None) -> int:
+        # the storage's reset is a duration: measured from our own monotonic clock unless a test sets the time
+        return now_us if now_us is not None else time.monotonic_ns() // 1000
+
+    async def decide(
+        self, checks: Sequence[Check], now_us: int | None = None, timeout: float | None = None
+    ) -> Decision:
+        """The backend's decision, or a local rejection when every check is known to be over."""
+        now = self._now(now_us)
+        # a limit named twice in one request is decided on the sum of its hits: leave that to the storage
+        simple = len({c.key for c in checks}) == len(checks)
+        if simple and checks and self._blocked:
+            outcomes = []
+            for c in checks:
+                entry = self._blocked.get(_identity(c)) if c.hits > 0 and not c.shadow else None
+                if entry is None or entry[0] <= now or c.hits != entry[1]:
+                    break
+                outcomes.append(Outcome(over=True, remaining=0, reset_us=entry[0] - now))
+            else:
+                return Decision(False, outcomes)
+        decision = await self._backend.decide(checks, now_us, timeout)
+        for c, outcome in zip(checks, decision.outcomes, strict=True):
+            # more hits than the limit can ever hold are over for good, and reported with a fixed reset
+            fits_some_day = c.hits <= (c.limit if c.burst is None else max(c.limit, c.burst))
+            if simple and outcome.over and c.hits > 0 and fits_some_day and not c.shadow and outcome.reset_us > 0:
+                if len(self._blocked) >= self._max_entries:
+                    self._forget_expired(now)
+                self._blocked[_identity(c)] = (now + outcome.reset_us, c.hits)
+        return decision
+
+    def _forget_expired(self, now: int) -> None:
+        self._blocked = {k: v for k, v in self._blocked.items() if v[0] > now}
+        if len(self._blocked) >= self._max_entries:
+            self._blocked.clear()  # only an optimisation: forgetting everything is always correct
+
+    async def ping(self) -> None:
+        await self._backend.ping()
+
+    async def close(self) -> None:
+        await self._backend.close()

@@ -1,0 +1,125 @@
+"""Sending a script call to the Redis Cluster node that owns its keys, following MOVED and ASK.
+
+redis-py's cluster client keeps the topology (slots → nodes, found again after a failover) and the
+connections; this module only routes one command, because redis-py's asyncio router loses in two ways
+that matter to a rate limiter under concurrency: it sends ASKING on one pooled connection and the command on
+another (so a slot being migrated answers MOVED/ASK back and forth until "TTL exhausted"), and every fifth
+MOVED it closes every connection, failing calls in flight that may already have counted their hits.
+
+Here ASKING and the command travel together on one connection, MOVED updates the slot table for later calls,
+and TRYAGAIN (keys of one call split by a migration) waits briefly and tries again: each of those replies
+means the command did not run, so sending it again cannot count a hit twice. Connection errors and timeouts
+are raised, never retried, and make the next call read the topology again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    RedisClusterException,
+    ResponseError,
+    TryAgainError,
+)
+
+MAX_REDIRECTIONS = 16  # as redis-py: a slot cannot move more often than this during one call
+TRYAGAIN_PAUSE = 0.01  # seconds; a migration moves the keys of one slot in milliseconds
+
+
+class ClusterRouter:
+    """Executes commands on the master serving a slot of ``client``'s cluster."""
+
+    def __init__(self, client: RedisCluster) -> None:
+        self._client = client
+        self._started = False
+        self._stale = True  # the topology must be read before the first call
+        self._reading = asyncio.Lock()
+
+    async def topology(self) -> None:
+        """Read the slot table if it may be out of date; one reader at a time, the others wait for it.
+        Raises RedisError (no node answered)."""
+        if not self._stale:
+            return
+        async with self._reading:
+            if self._stale:
+                if self._started:
+                    await self._client.nodes_manager.initialize()
+                else:
+                    await self._client.initialize()
+                    self._started = True
+                self._stale = False
+
+    def slot(self, key: str) -> int:
+        return self._client.keyslot(key)
+
+    async def execute(self, key: str, *command: Any) -> Any:
+        """``command``'s reply from the master of ``key``'s slot. Raises redis-py's errors (ConnectionError,
+        TimeoutError, ResponseError such as NoScriptError), or ClusterDownError after too many redirections."""
+        await self.topology()
+        slot = self._client.keyslot(key)
+        try:
+            node = self._client.nodes_manager.get_node_from_slot(slot)
+        except RedisClusterException:
+            self._stale = True  # a slot no master serves (mid-failover): read the topology again next time
+            raise
+        asking = False
+        for _ in range(MAX_REDIRECTIONS):
+            try:
+                return await self._send(node, command, asking)
+            except MovedError as e:  # the slot has a new owner: for this call and every later one
+                await self._client.nodes_manager.move_slot(e)
+                node, asking = self._client.nodes_manager.get_node_from_slot(slot), False
+            except AskError as e:  # the slot is migrating and the key is already on the target: this once
+                target = self._client.nodes_manager.get_node(host=e.host, port=e.port)
+                if target is None:
+                    self._stale = True
+                    await self.topology()
+                    target = self._client.nodes_manager.get_node(host=e.host, port=e.port)
+                if target is None:
+                    raise
+                node, asking = target, True
+            except TryAgainError:
+                await asyncio.sleep(TRYAGAIN_PAUSE)
+            except ResponseError:
+                raise
+            except Exception:  # connection lost, timeout, no node: the topology may have changed
+                self._stale = True
+                raise
+        raise ClusterDownError(f"slot {slot} redirected {MAX_REDIRECTIONS} times")
+
+    async def ping(self) -> None:
+        """PING every master (through this router's connections: redis-py's own ping may close them all when
+        it fails). Raises RedisError or RedisClusterException."""
+        await self.topology()
+        try:
+            await asyncio.gather(*(self._send(node, ("PING",), False) for node in self._client.get_primaries()))
+        except Exception:
+            self._stale = True
+            raise
+
+    @staticmethod
+    async def _send(node: ClusterNode, command: tuple[Any, ...], asking: bool) -> Any:
+        connection = node.acquire_connection()
+        try:
+            if asking:
+                await connection.send_packed_command(connection.pack_commands([("ASKING",), command]))
+                try:
+                    await connection.read_response()
+                finally:
+                    reply = await connection.read_response()  # read even when ASKING failed: no reply left behind
+                return reply
+            else:
+                await connection.send_packed_command(connection.pack_command(*command))
+            return await connection.read_response()
+        except ResponseError:
+            raise  # the reply was read whole: the connection is fine
+        except BaseException:
+            await connection.disconnect()  # a reply may be half read (timeout, cancellation)
+            raise
+        finally:
+            node.release(connection)

@@ -1,0 +1,181 @@
+"""redis-py clients for the three Redis topologies (REDIS_TYPE) and the REDIS_URL forms they take.
+
+The URL conventions are envoyproxy/ratelimit's:
+
+- ``single``: ``redis://[user:password@]host:port/db``, ``rediss://`` (TLS) or ``unix:///path``;
+- ``sentinel``: ``master_name,host:port[,host:port...]`` — the name Sentinel knows the master by, then the
+  Sentinel addresses;
+- ``cluster``: ``host:port[,host:port...]`` — any nodes of the cluster (the client learns the rest).
+
+Every client is set up so that redis-py never retries a command itself: a script that may have run would
+count its hits twice. Redirections (MOVED, ASK) and master changes are still followed: those replies mean
+the command did not run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio import connection
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+
+TYPES = ("single", "sentinel", "cluster")
+
+
+@dataclass(frozen=True, slots=True)
+class TlsOptions:
+    """TLS files: CA bundle (empty: the system's), client certificate and key (mutual TLS), and whether the
+    certificate must name the host."""
+
+    ca_certs: str = ""
+    certfile: str = ""
+    keyfile: str = ""
+    check_hostname: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """Where Redis is: ``type`` (single, sentinel or cluster) and ``url`` in that type's form (see the module
+    docstring). ``tls``: files for TLS; sentinel and cluster use TLS when it is given, single when the URL is
+    ``rediss://``. ``auth``: (user or None, password) for Redis, winning over the URL's; ``sentinel_auth``:
+    the same for the Sentinels themselves."""
+
+    type: str
+    url: str
+    tls: TlsOptions | None = None
+    auth: tuple[str | None, str] | None = None
+    sentinel_auth: tuple[str | None, str] | None = None
+
+    def describe(self) -> str:
+        """For logs: never shows a password."""
+        if self.type == "single":
+            return f"redis at {redact(self.url)}"
+        if self.type == "sentinel":
+            master, sentinels = parse_sentinel_url(self.url)
+            return f"redis master {master!r} via sentinel {_join(sentinels)}"
+        return f"redis cluster via {_join(parse_cluster_url(self.url))}"
+
+
+def redact(url: str) -> str:
+    """``url`` with any password (in the user part or a ``password=`` query parameter) replaced by ``***``."""
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        user = (parts.username or "") if parts.password is not None else ""
+        parts = parts._replace(netloc=f"{user}:***@{parts.netloc.rsplit('@', 1)[1]}")
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        query = [(k, "***" if k.lower() == "password" else v) for k, v in pairs]
+        parts = parts._replace(query=urlencode(query, safe="*"))
+    return urlunsplit(parts)
+
+
+def check_url(url: str, redis_type: str = "single") -> None:
+    """Raise ValueError naming the problem unless ``url`` has the form ``redis_type`` takes."""
+    if redis_type == "sentinel":
+        parse_sentinel_url(url)
+    elif redis_type == "cluster":
+        parse_cluster_url(url)
+    elif redis_type == "single":
+        _check_single_url(url)
+    else:
+        raise ValueError(f"Redis type {redis_type!r} is not one of {', '.join(TYPES)}")
+
+
+def _check_single_url(url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"Redis URL {redact(url)!r} must start with redis://, rediss:// or unix://")
+    try:
+        parts.port  # noqa: B018 - urllib checks the port when it is read
+        connection.parse_url(url)
+    except ValueError as exc:
+        raise ValueError(f"Redis URL {redact(url)!r}: {exc}") from exc
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ValueError(f"Redis URL {redact(url)!r} names no host")
+
+
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6 address]:port`` → (host, port). Raises ValueError naming ``what`` (and never
+    showing a password: credentials belong in REDIS_AUTH / REDIS_SENTINEL_AUTH)."""
+    text = text.strip()
+    if "@" in text:
+        raise ValueError(f"{what} {text.rpartition('@')[2]!r} comes with credentials: put them in REDIS_AUTH "
+                         "(REDIS_SENTINEL_AUTH for the Sentinels), not in REDIS_URL")
+    host, sep, port = text.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
+        host = host[1:-1]
+    valid_host = bool(host) and not any(c in host for c in "[] /") and (bracketed or ":" not in host)
+    if not sep or not valid_host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise ValueError(f"{what} {text!r} is not host:port (an IPv6 address in brackets: [::1]:6379)")
+    return host, int(port)
+
+
+def parse_sentinel_url(url: str) -> tuple[str, list[tuple[str, int]]]:
+    """``master_name,host:port,...`` → (master name, Sentinel addresses). Raises ValueError."""
+    name, *addresses = url.split(",")
+    if "://" in url or not name.strip() or any(c in name.strip() for c in ": @/"):
+        raise ValueError(f"sentinel REDIS_URL {redact(url)!r} must be master_name,host:port[,host:port...]")
+    if not addresses:
+        raise ValueError(f"sentinel REDIS_URL {url!r} names no Sentinel: master_name,host:port[,host:port...]")
+    return name.strip(), [parse_address(a, "Sentinel address") for a in addresses]
+
+
+def parse_cluster_url(url: str) -> list[tuple[str, int]]:
+    """``host:port,...`` → cluster node addresses. Raises ValueError."""
+    if "://" in url or not url.strip():
+        raise ValueError(f"cluster REDIS_URL {redact(url)!r} must be host:port[,host:port...]")
+    return [parse_address(a, "cluster node") for a in url.split(",")]
+
+
+def _join(addresses: list[tuple[str, int]]) -> str:
+    return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in addresses)
+
+
+def _tls_kwargs(tls: TlsOptions) -> dict[str, Any]:
+    return {"ssl_ca_certs": tls.ca_certs or None, "ssl_certfile": tls.certfile or None,
+            "ssl_keyfile": tls.keyfile or None, "ssl_check_hostname": tls.check_hostname}
+
+
+def _auth_kwargs(auth: tuple[str | None, str] | None) -> dict[str, Any]:
+    return {} if auth is None else {"username": auth[0], "password": auth[1]}
+
+
+def make_client(topology: Topology, *, timeout: float, pool_size: int) -> aioredis.Redis | RedisCluster:
+    """A redis-py asyncio client for ``topology``: at most ``pool_size`` connections (per node for a
+    cluster) — callers keep their own calls within it, since these pools fail rather than wait when
+    full —, ``timeout`` seconds for connecting and for each reply, and no retries. Raises ValueError for a
+    malformed URL."""
+    check_url(topology.url, topology.type)
+    common: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(NoBackoff(), 0),
+        "encoding_errors": "surrogateescape",  # request bytes that are not UTF-8 travel as they came
+        **_auth_kwargs(topology.auth),
+    }
+    if topology.type == "single":
+        tls = _tls_kwargs(topology.tls) if topology.tls is not None and topology.url.startswith("rediss://") else {}
+        pool = aioredis.ConnectionPool.from_url(topology.url, max_connections=pool_size, health_check_interval=0,
+                                                **common, **tls)
+        return aioredis.Redis(connection_pool=pool)
+    tls = {} if topology.tls is None else {"ssl": True, **_tls_kwargs(topology.tls)}
+    if topology.type == "sentinel":
+        master, sentinels = parse_sentinel_url(topology.url)
+        sentinel_kwargs = {"socket_timeout": timeout, "socket_connect_timeout": timeout,
+                           "retry": Retry(NoBackoff(), 0),  # so a refusal is reported as such, at once
+                           **_auth_kwargs(topology.sentinel_auth), **tls}
+        manager = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)
+        client: aioredis.Redis = manager.master_for(master, redis_class=aioredis.Redis, max_connections=pool_size,
+                                                    **common, **tls)
+        return client
+    nodes = [ClusterNode(host, port) for host, port in parse_cluster_url(topology.url)]
+    # a node that is down must not stop the slots of the others from being served
+    return RedisCluster(startup_nodes=nodes, require_full_coverage=False, max_connections=pool_size,
+                        **common, **tls)
