@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
+from slidegate import service as service_module
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from slidegate.backends.redis import RedisBackend
+from slidegate.config import load_directory
+from slidegate.limiter import Limiter, LimiterOptions
+from slidegate.server import start_server
+from slidegate.service import RateLimitService
 from slidegate.stack import free_port
 from tests.conftest import Clock
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
@@ -142,3 +150,54 @@ async def test_refused_connection_is_unavailable(rls: Start) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.ShouldRateLimit(request("api", descriptor(("client", "c"))), timeout=5)
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@contextlib.asynccontextmanager
+async def served(service: RateLimitService) -> AsyncIterator[rls_pb2_grpc.RateLimitServiceStub]:
+    server, _, port = await start_server(service, "127.0.0.1", 0)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield rls_pb2_grpc.RateLimitServiceStub(channel)
+    finally:
+        await server.stop(0)
+
+
+async def test_a_request_seen_before_is_matched_again_after_a_reload(
+        write_config: Callable[..., Path], redis_url: str, key_prefix: str) -> None:
+    # the service remembers each request's matched form by its bytes: a new config must not be answered
+    # with the old one's limits
+    configs = [load_directory(write_config(CONFIG))]
+    backend = RedisBackend(redis_url)
+    service = RateLimitService(Limiter(lambda: configs[-1], backend, LimiterOptions(key_prefix=key_prefix)))
+    try:
+        async with served(service) as stub:
+            same = request("api", descriptor(("client", "c")))
+            assert (await stub.ShouldRateLimit(same)).statuses[0].current_limit.requests_per_unit == 2
+            configs.append(load_directory(write_config(CONFIG.replace("requests_per_unit: 2", "requests_per_unit: 9"))))
+            [status] = (await stub.ShouldRateLimit(same)).statuses
+            assert (status.current_limit.requests_per_unit, status.limit_remaining) == (9, 7)
+            configs.append(load_directory(write_config("domain: api\ndescriptors: []\n")))
+            assert not (await stub.ShouldRateLimit(same)).statuses[0].HasField("current_limit")
+    finally:
+        await backend.close()
+
+
+async def test_remembered_requests_are_bounded(write_config: Callable[..., Path], redis_url: str, key_prefix: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service_module, "PREPARED_REQUESTS", 5)
+    config = load_directory(write_config(CONFIG))
+    backend = RedisBackend(redis_url)
+    service = RateLimitService(Limiter(lambda: config, backend, LimiterOptions(key_prefix=key_prefix)))
+    try:
+        async with served(service) as stub:
+            for i in range(12):
+                reply = await stub.ShouldRateLimit(request("api", descriptor(("client", f"c{i}"))))
+                assert reply.statuses[0].limit_remaining == 1
+            remembered = service._prepared
+            assert 0 < len(remembered) <= 5
+            big = request("api", descriptor(("client", "x" * service_module.PREPARED_MAX_BYTES)))
+            for remaining in (1, 0):
+                assert (await stub.ShouldRateLimit(big)).statuses[0].limit_remaining == remaining
+            assert big.SerializeToString() not in remembered
+    finally:
+        await backend.close()

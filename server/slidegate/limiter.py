@@ -67,6 +67,19 @@ NO_LIMIT = Status(limit=None)
 
 
 @dataclass(frozen=True, slots=True)
+class Plan:
+    """A request matched against one config, ready to decide: ``statuses`` holds one Status per descriptor
+    before the storage's answer (limit, rule and hits known), ``checks`` the limits to count and ``counted``
+    the index in ``statuses`` of each. Valid while ``config`` is the current config (Limiter.is_current)."""
+
+    config: Config
+    domain: str
+    statuses: tuple[Status, ...]
+    checks: tuple[Check, ...]
+    counted: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class LimiterOptions:
     """``key_prefix`` starts every storage key (CACHE_KEY_PREFIX); ``default_algorithm`` counts limits that
     come with the request (overrides); ``stop_when_over``: fixed windows do not count hits of over-limit
@@ -139,15 +152,13 @@ class Limiter:
                         domain_slot=self._options.domain_slot)
         return Status(limit, shadow=shadow, rule=rule), key
 
-    async def should_rate_limit(
-        self, domain: str, descriptors: Sequence[Descriptor], hits_addend: int = 0, timeout: float | None = None
-    ) -> list[Status]:
-        """One Status per descriptor, in order. ``hits_addend`` is the request-level value (0 ⇒ 1);
-        ``timeout`` (seconds) bounds the backend call. Raises BackendUnavailable when the backend cannot
-        decide and InvalidOverride for an override that cannot be counted."""
+    def prepare(self, domain: str, descriptors: Sequence[Descriptor], hits_addend: int = 0) -> Plan:
+        """Match ``descriptors`` against the current config: the Plan that ``decide`` carries out.
+        ``hits_addend`` is the request-level value (0 ⇒ 1). Raises InvalidOverride for an override that
+        cannot be counted."""
         config = self._config()
         if domain not in config.domains:
-            return [NO_LIMIT] * len(descriptors)
+            return Plan(config, domain, (NO_LIMIT,) * len(descriptors), (), ())
         matched = [self._match(domain, d, config) for d in descriptors]
         # a matched limit's `replaces` (an unlimited one's too) drops every other matched limit of that name
         replaced = {name for status, _ in matched if status.rule and status.rule.rate_limit
@@ -160,34 +171,54 @@ class Limiter:
             limit = status.limit
             if limit is not None and limit.name and limit.name in replaced:
                 status, key = NO_LIMIT, None
-            statuses.append(status)
             if limit is None or key is None:
+                statuses.append(status)
                 continue
             hits = default_hits if descriptor.hits_addend is None else descriptor.hits_addend
-            statuses[-1] = dataclasses.replace(status, hits=-hits if descriptor.negative else hits)
+            if descriptor.negative:
+                hits = -hits
+            statuses.append(dataclasses.replace(status, hits=hits))
             checks.append(Check(
-                key, limit.requests_per_unit, limit.window_seconds * 1_000_000,
-                -hits if descriptor.negative else hits, limit.algorithm, burst=limit.burst,
-                stop_when_over=self._options.stop_when_over, shadow=status.shadow or self._options.shadow_mode,
+                key, limit.requests_per_unit, limit.window_seconds * 1_000_000, hits, limit.algorithm,
+                burst=limit.burst, stop_when_over=self._options.stop_when_over,
+                shadow=status.shadow or self._options.shadow_mode,
             ))
             counted.append(index)
-        if checks:
-            now = self._clock() if self._clock else None
-            degraded = None
-            try:
-                decision = await self._backend.decide(checks, now, timeout)
-            except BackendUnavailable:
-                degraded = config.domains[domain].failure_mode or self._options.failure_mode
-                if degraded == "error":
-                    raise
-                decision = await self._degraded(degraded, checks, now)
-            for index, outcome in zip(counted, decision.outcomes, strict=True):
-                statuses[index] = dataclasses.replace(
-                    statuses[index], over=outcome.over, remaining=outcome.remaining, reset_us=outcome.reset_us,
-                    degraded=degraded)
+        return Plan(config, domain, tuple(statuses), tuple(checks), tuple(counted))
+
+    def is_current(self, plan: Plan) -> bool:
+        """Whether ``plan`` was matched against the config in force now (after a reload it must be redone)."""
+        return plan.config is self._config()
+
+    async def decide(self, plan: Plan, timeout: float | None = None) -> list[Status]:
+        """One Status per descriptor of ``plan``, in order; ``timeout`` (seconds) bounds the backend call.
+        Raises BackendUnavailable when the backend cannot decide and the failure mode is ``error``."""
+        statuses = list(plan.statuses)
+        if not plan.checks:
+            return statuses
+        now = self._clock() if self._clock else None
+        degraded = None
+        try:
+            decision = await self._backend.decide(plan.checks, now, timeout)
+        except BackendUnavailable:
+            degraded = plan.config.domains[plan.domain].failure_mode or self._options.failure_mode
+            if degraded == "error":
+                raise
+            decision = await self._degraded(degraded, plan.checks, now)
+        for index, outcome in zip(plan.counted, decision.outcomes, strict=True):
+            s = statuses[index]
+            statuses[index] = Status(s.limit, outcome.over, outcome.remaining, outcome.reset_us, s.shadow, s.rule,
+                                     s.hits, degraded)
         return statuses
 
-    async def _degraded(self, mode: str, checks: list[Check], now: int | None) -> Decision:
+    async def should_rate_limit(
+        self, domain: str, descriptors: Sequence[Descriptor], hits_addend: int = 0, timeout: float | None = None
+    ) -> list[Status]:
+        """``decide(prepare(domain, descriptors, hits_addend), timeout)``: one Status per descriptor, in order.
+        Raises BackendUnavailable and InvalidOverride."""
+        return await self.decide(self.prepare(domain, descriptors, hits_addend), timeout)
+
+    async def _degraded(self, mode: str, checks: Sequence[Check], now: int | None) -> Decision:
         """The decision of failure mode ``mode`` (allow, deny or local) for ``checks``."""
         if mode == "allow":
             return Decision(True, [Outcome(False, c.limit, 0) for c in checks])

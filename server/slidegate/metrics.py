@@ -62,23 +62,40 @@ class Metrics:
             return f"{rule_key}_{value}"
         return f"{rule_key}__other"
 
-    def record(self, domain: str, key: str, *, hits: int, limit: int, over: bool, shadow: bool,
-               remaining: int) -> None:
-        """Count one limited descriptor's decision (``hits`` asked for, ``remaining`` after it)."""
-        if hits <= 0:
-            return
-        labels = (domain, key)
-        self.total_hits.labels(*labels).inc(hits)
-        if over:
-            (self.shadow_mode if shadow else self.over_limit).labels(*labels).inc(hits)
-            return
-        self.within_limit.labels(*labels).inc(hits)
-        near = math.floor(limit * self.near_limit_ratio)
-        used = limit - remaining
-        if used > near:
-            self.near_limit.labels(*labels).inc(min(hits, used - near))
+    def counters(self, domain: str, key: str) -> LimitCounters:
+        """The counters of one (domain, key) label pair, looked up once so that each decision only adds."""
+        labels = (printable(domain), key)
+        return LimitCounters(self.total_hits.labels(*labels), self.over_limit.labels(*labels),
+                             self.shadow_mode.labels(*labels), self.within_limit.labels(*labels),
+                             self.near_limit.labels(*labels), self.near_limit_ratio)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return bytes(generate_latest(self.registry))
 
+
+
+class LimitCounters:
+    """One limit's counters (a rule's, or the requests' overrides in one domain)."""
+
+    __slots__ = ("_near", "_near_ratio", "_over", "_shadow", "_total", "_within")
+
+    def __init__(self, total: Counter, over: Counter, shadow: Counter, within: Counter, near: Counter,
+                 near_ratio: float) -> None:
+        self._total, self._over, self._shadow, self._within, self._near = total, over, shadow, within, near
+        self._near_ratio = near_ratio
+
+    def record(self, *, hits: int, limit: int, over: bool, shadow: bool, remaining: int) -> None:
+        """Count one decision of this limit (``hits`` asked for, ``remaining`` after it); hits given back
+        or check-only requests count nothing."""
+        if hits <= 0:
+            return
+        self._total.inc(hits)
+        if over:
+            (self._shadow if shadow else self._over).inc(hits)
+            return
+        self._within.inc(hits)
+        near = math.floor(limit * self._near_ratio)
+        used = limit - remaining
+        if used > near:
+            self._near.inc(min(hits, used - near))

@@ -22,8 +22,8 @@ from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate._proto.slidegate.wire.v1 import lenient_pb2
 from slidegate.backends.base import BackendUnavailable
 from slidegate.headers import rate_limit_headers
-from slidegate.limiter import Descriptor, InvalidOverride, Limiter, Override, Status
-from slidegate.metrics import Metrics
+from slidegate.limiter import Descriptor, InvalidOverride, Limiter, Override, Plan, Status
+from slidegate.metrics import LimitCounters, Metrics
 from slidegate.text import printable
 from slidegate.units import Unit
 
@@ -36,11 +36,13 @@ METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 _OVERRIDE_UNITS = {1: Unit.SECOND, 2: Unit.MINUTE, 3: Unit.HOUR, 4: Unit.DAY, 5: Unit.MONTH, 6: Unit.YEAR}
 
 Request = lenient_pb2.LenientRateLimitRequest
-Context = grpc.aio.ServicerContext[Request | DecodeError, rls_pb2.RateLimitResponse]
+Context = grpc.aio.ServicerContext[bytes, rls_pb2.RateLimitResponse]
 # Bounds on one request, far above what Envoy sends, so that one call cannot stall the service or Redis.
 MAX_DESCRIPTORS = 1000
 MAX_ENTRIES = 64
 MAX_TEXT_BYTES = 16384  # a key or value; Envoy's own header value limit is of this order
+PREPARED_REQUESTS = 10_000  # requests remembered by their bytes (see RateLimitService)
+PREPARED_MAX_BYTES = 4096  # a longer request is matched each time: memory stays bounded
 
 
 class InvalidRequest(ValueError):
@@ -49,14 +51,6 @@ class InvalidRequest(ValueError):
 
 def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
-
-
-def _decode(data: bytes) -> Request | DecodeError:
-    # a malformed body becomes INVALID_ARGUMENT in the handler, not an UNKNOWN error with a traceback
-    try:
-        return Request.FromString(data)
-    except DecodeError as exc:
-        return exc
 
 
 def parse_request(request: Request) -> tuple[str, list[Descriptor]]:
@@ -159,8 +153,24 @@ def _metadata(domain: str, descriptors: list[Descriptor], statuses: list[Status]
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A validated request matched against the config (``plan``), with the metric counters of each limit
+    it names: (index of the descriptor, its counters, its limit's requests_per_unit)."""
+
+    descriptors: list[Descriptor]
+    plan: Plan
+    counted: tuple[tuple[int, LimitCounters, int], ...]
+
+
 class RateLimitService:
-    """``envoy.service.ratelimit.v3.RateLimitService`` on top of a Limiter; ``metrics`` counts decisions."""
+    """``envoy.service.ratelimit.v3.RateLimitService`` on top of a Limiter; ``metrics`` counts decisions.
+
+    Envoy sends the same few requests again and again (one per route and client), so a request's bytes are
+    remembered with their validated, matched form (up to PREPARED_REQUESTS requests of at most
+    PREPARED_MAX_BYTES each, forgotten all at once when full, and redone after a config reload): a request
+    seen before goes straight to the storage.
+    """
 
     def __init__(
         self, limiter: Limiter, options: AnswerOptions = AnswerOptions(), metrics: Metrics | None = None
@@ -168,6 +178,7 @@ class RateLimitService:
         self._limiter = limiter
         self._options = options
         self.metrics = metrics or Metrics()
+        self._prepared: dict[bytes, Prepared] = {}
         self._failures = 0
         self._last_failure_log = 0.0
 
@@ -175,34 +186,68 @@ class RateLimitService:
         """The gRPC handler to add to a server (reads requests leniently, see the module docstring)."""
         method = grpc.unary_unary_rpc_method_handler(
             self.should_rate_limit,
-            request_deserializer=_decode,
+            request_deserializer=None,  # the bytes themselves: they key the prepared requests
             response_serializer=rls_pb2.RateLimitResponse.SerializeToString,
         )
         return grpc.method_handlers_generic_handler(
             "envoy.service.ratelimit.v3.RateLimitService", {"ShouldRateLimit": method})
 
-    async def should_rate_limit(self, request: Request | DecodeError, context: Context) -> rls_pb2.RateLimitResponse:
-        if isinstance(request, DecodeError):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed RateLimitRequest: {request}")
-        try:
-            domain, descriptors = parse_request(request)
-        except InvalidRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    async def should_rate_limit(self, request: bytes, context: Context) -> rls_pb2.RateLimitResponse:
+        prepared = self._prepared.get(request)
+        if prepared is None or not self._limiter.is_current(prepared.plan):
+            try:
+                prepared = self._prepare_bytes(request)
+            except (InvalidRequest, InvalidOverride) as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
             # answer within the caller's deadline (Envoy sends its filter timeout as the gRPC deadline)
-            return await self.decide(domain, descriptors, request.hits_addend, context.time_remaining())
-        except InvalidOverride as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return await self.answer(prepared, context.time_remaining())
         except BackendUnavailable:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "rate limit storage unavailable")
+
+    def _prepare_bytes(self, data: bytes) -> Prepared:
+        try:
+            request = Request.FromString(data)
+        except DecodeError as exc:
+            raise InvalidRequest(f"malformed RateLimitRequest: {exc}") from exc
+        domain, descriptors = parse_request(request)
+        prepared = self.prepare(domain, descriptors, request.hits_addend)
+        if len(data) <= PREPARED_MAX_BYTES:
+            if len(self._prepared) >= PREPARED_REQUESTS:
+                self._prepared.clear()  # cheaper than tracking use, and only costs a re-match
+            self._prepared[data] = prepared
+        return prepared
+
+    def prepare(self, domain: str, descriptors: list[Descriptor], hits_addend: int = 0) -> Prepared:
+        """Match a validated request (see Limiter.prepare) and find its metric counters. Raises
+        InvalidOverride."""
+        plan = self._limiter.prepare(domain, descriptors, hits_addend)
+        counted = []
+        for index, (descriptor, status) in enumerate(zip(descriptors, plan.statuses, strict=True)):
+            if status.limit is None:
+                continue
+            rule = status.rule
+            if rule is None:
+                key = "override"
+            else:
+                value = descriptor.entries[-1][1] if descriptor.entries else ""
+                key = self.metrics.key(domain, rule.metric_key, value, rule.detailed_metric or rule.value_to_metric)
+            counted.append((index, self.metrics.counters(domain, key), status.limit.requests_per_unit))
+        return Prepared(descriptors, plan, tuple(counted))
 
     async def decide(
         self, domain: str, descriptors: list[Descriptor], hits_addend: int, timeout: float | None = None
     ) -> rls_pb2.RateLimitResponse:
-        """Decide a validated request (also used by the HTTP API). Raises BackendUnavailable."""
+        """Decide a validated request (used by the HTTP API and the in-process client). Raises
+        BackendUnavailable and InvalidOverride."""
+        return await self.answer(self.prepare(domain, descriptors, hits_addend), timeout)
+
+    async def answer(self, prepared: Prepared, timeout: float | None = None) -> rls_pb2.RateLimitResponse:
+        """Decide ``prepared`` within ``timeout`` seconds, count it in the metrics and build the response.
+        Raises BackendUnavailable."""
         started = time.perf_counter()
         try:
-            statuses = await self._limiter.should_rate_limit(domain, descriptors, hits_addend, timeout)
+            statuses = await self._limiter.decide(prepared.plan, timeout)
         except BackendUnavailable as exc:
             self.metrics.storage_errors.inc()
             self._log_failure(exc)
@@ -216,33 +261,27 @@ class RateLimitService:
             self.metrics.storage_latency.observe(time.perf_counter() - started)
             if self._last_failure_log:
                 self._log_recovery()
-        response = build_response(domain, descriptors, statuses, self._options)
-        self._record(domain, descriptors, statuses, response)
+        domain = prepared.plan.domain
+        response = build_response(domain, prepared.descriptors, statuses, self._options)
+        shadow_mode = self._options.shadow_mode
+        for index, counters, limit in prepared.counted:
+            status = statuses[index]
+            counters.record(hits=status.hits, limit=limit, over=status.over, shadow=status.shadow or shadow_mode,
+                            remaining=status.remaining)
+        if log.isEnabledFor(logging.DEBUG):
+            self._log_decision(domain, prepared.descriptors, response)
         self.metrics.call_latency.observe(time.perf_counter() - started)
         return response
 
-    def _record(self, domain: str, descriptors: list[Descriptor], statuses: list[Status],
-                response: rls_pb2.RateLimitResponse) -> None:
-        for descriptor, status in zip(descriptors, statuses, strict=True):
-            if status.limit is None:
-                continue
-            rule = status.rule
-            if rule is None:
-                key = "override"
-            else:
-                value = descriptor.entries[-1][1] if descriptor.entries else ""
-                key = self.metrics.key(domain, rule.metric_key, value, rule.detailed_metric or rule.value_to_metric)
-            self.metrics.record(printable(domain), key, hits=status.hits, limit=status.limit.requests_per_unit,
-                                over=status.over, shadow=status.shadow or self._options.shadow_mode,
-                                remaining=status.remaining)
-        if log.isEnabledFor(logging.DEBUG):
-            fields = {
-                "domain": printable(domain),
-                "descriptors": [[printable(f"{k}={v}") for k, v in d.entries] for d in descriptors],
-                "codes": [rls_pb2.RateLimitResponse.Code.Name(s.code) for s in response.statuses],
-                "overall": rls_pb2.RateLimitResponse.Code.Name(response.overall_code),
-            }
-            log.debug("decision %s", " ".join(f"{k}={v}" for k, v in fields.items()), extra=fields)
+    @staticmethod
+    def _log_decision(domain: str, descriptors: list[Descriptor], response: rls_pb2.RateLimitResponse) -> None:
+        fields = {
+            "domain": printable(domain),
+            "descriptors": [[printable(f"{k}={v}") for k, v in d.entries] for d in descriptors],
+            "codes": [rls_pb2.RateLimitResponse.Code.Name(s.code) for s in response.statuses],
+            "overall": rls_pb2.RateLimitResponse.Code.Name(response.overall_code),
+        }
+        log.debug("decision %s", " ".join(f"{k}={v}" for k, v in fields.items()), extra=fields)
 
     def _log_failure(self, exc: BackendUnavailable) -> None:
         # an outage fails every call: say so every 10 s with a count, not once per call

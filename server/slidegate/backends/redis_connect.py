@@ -154,7 +154,9 @@ def make_client(topology: Topology, *, timeout: float, pool_size: int) -> aiored
     malformed URL."""
     check_url(topology.url, topology.type)
     common: dict[str, Any] = {
-        "socket_timeout": timeout,
+        # a single Redis's calls are each bounded by the backend (RedisBackend._execute): a per-read timeout
+        # on top would cost a timer per command; redis-py's Sentinel and Cluster clients rely on it
+        "socket_timeout": None if topology.type == "single" else timeout,
         "socket_connect_timeout": timeout,
         "retry": Retry(NoBackoff(), 0),
         "encoding_errors": "surrogateescape",  # request bytes that are not UTF-8 travel as they came

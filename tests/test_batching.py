@@ -1,0 +1,109 @@
+"""Natural batching (slidegate.backends.batching) and the Redis backend's own connections under it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+
+from slidegate.backends.base import BackendUnavailable, Check
+from slidegate.backends.batching import Batcher
+from slidegate.backends.redis import RedisBackend
+from tests.redis_servers import RedisServer
+
+
+class Recorder:
+    """A ``send`` that records each batch and answers ``item * 10`` once ``release`` is set."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.batches: list[list[int]] = []
+        self.release = asyncio.Event()
+        self.fail = fail
+
+    async def send(self, items: list[int]) -> list[int]:
+        self.batches.append(list(items))
+        await self.release.wait()
+        if self.fail:
+            raise ConnectionError("storage gone")
+        return [i * 10 for i in items]
+
+
+async def test_an_idle_batcher_sends_at_once_and_alone() -> None:
+    recorder = Recorder()
+    recorder.release.set()
+    batcher = Batcher(recorder.send)
+    assert [await batcher.submit(i) for i in range(3)] == [0, 10, 20]
+    assert recorder.batches == [[0], [1], [2]]
+
+
+async def test_calls_arriving_while_batches_are_out_leave_together_in_order() -> None:
+    recorder = Recorder()
+    batcher = Batcher(recorder.send, max_in_flight=2)
+    calls = [asyncio.create_task(batcher.submit(i)) for i in range(7)]
+    await asyncio.sleep(0.01)
+    assert recorder.batches == [[0], [1]]  # two out; the rest wait for one of them
+    recorder.release.set()
+    assert await asyncio.gather(*calls) == [i * 10 for i in range(7)]
+    assert recorder.batches == [[0], [1], [2, 3, 4, 5, 6]]
+
+
+async def test_a_failed_batch_fails_each_of_its_callers() -> None:
+    recorder = Recorder(fail=True)
+    batcher = Batcher(recorder.send, max_in_flight=1)
+    calls = [asyncio.create_task(batcher.submit(i)) for i in range(4)]
+    await asyncio.sleep(0.01)
+    recorder.release.set()
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(r, ConnectionError) for r in results)
+    assert recorder.batches == [[0], [1, 2, 3]]
+
+
+async def test_a_caller_gone_before_its_batch_leaves_is_not_sent() -> None:
+    recorder = Recorder()
+    batcher = Batcher(recorder.send, max_in_flight=1)
+    first = asyncio.create_task(batcher.submit(1))
+    gone = asyncio.create_task(batcher.submit(2))
+    kept = asyncio.create_task(batcher.submit(3))
+    await asyncio.sleep(0.01)
+    gone.cancel()
+    recorder.release.set()
+    assert (await first, await kept) == (10, 30)
+    assert recorder.batches == [[1], [3]]
+
+
+async def test_a_cancelled_lone_call_still_lets_the_waiting_ones_go() -> None:
+    recorder = Recorder()
+    batcher = Batcher(recorder.send, max_in_flight=1)
+    lone = asyncio.create_task(batcher.submit(1))
+    await asyncio.sleep(0.01)
+    waiting = asyncio.create_task(batcher.submit(2))
+    await asyncio.sleep(0.01)
+    lone.cancel()  # its own call stops with it; the waiting call must not be stranded
+    recorder.release.set()
+    assert await asyncio.wait_for(waiting, 1) == 20
+    assert recorder.batches == [[1], [2]]
+
+
+async def test_a_call_cut_off_mid_reply_never_hands_its_reply_to_the_next() -> None:
+    # Redis is held busy so the first call's reply comes after its deadline; the connection it used must
+    # not be reused with that reply still on the way, or the next call would read that reply as its own
+    server = RedisServer().start()
+    backend = RedisBackend(server.url, timeout=2)
+    busy = redis.Redis(port=server.port)
+    try:
+        first = Check("first", 5, 60_000_000, 1)
+        assert (await backend.decide([first])).outcomes[0].remaining == 4
+        sleep = asyncio.get_running_loop().run_in_executor(None, busy.execute_command, "DEBUG", "SLEEP", "0.3")
+        await asyncio.sleep(0.05)
+        with pytest.raises(BackendUnavailable):
+            await backend.decide([first], timeout=0.05)
+        await sleep
+        await asyncio.sleep(0.05)  # the cut-off call's reply, if it ran, has come back by now
+        for expected in (93, 86):
+            [outcome] = (await backend.decide([Check("other", 100, 60_000_000, 7)])).outcomes
+            assert outcome.remaining == expected
+    finally:
+        busy.close()
+        await backend.close()
+        server.stop()
