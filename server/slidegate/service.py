@@ -42,7 +42,10 @@ MAX_DESCRIPTORS = 1000
 MAX_ENTRIES = 64
 MAX_TEXT_BYTES = 16384  # a key or value; Envoy's own header value limit is of this order
 PREPARED_REQUESTS = 10_000  # requests remembered by their bytes (see RateLimitService)
-PREPARED_MAX_BYTES = 4096  # a longer request is matched each time: memory stays bounded
+# Only requests the size Envoy sends are remembered (a remembered descriptor holds ~600 bytes of objects), so
+# the memory stays within tens of MB; larger requests are matched each time.
+PREPARED_MAX_BYTES = 1024
+PREPARED_MAX_DESCRIPTORS = 8
 
 
 class InvalidRequest(ValueError):
@@ -168,8 +171,8 @@ class RateLimitService:
 
     Envoy sends the same few requests again and again (one per route and client), so a request's bytes are
     remembered with their validated, matched form (up to PREPARED_REQUESTS requests of at most
-    PREPARED_MAX_BYTES each, forgotten all at once when full, and redone after a config reload): a request
-    seen before goes straight to the storage.
+    PREPARED_MAX_BYTES and PREPARED_MAX_DESCRIPTORS each, forgotten all at once when full, and redone after a
+    config reload): a request seen before goes straight to the storage.
     """
 
     def __init__(
@@ -212,7 +215,7 @@ class RateLimitService:
             raise InvalidRequest(f"malformed RateLimitRequest: {exc}") from exc
         domain, descriptors = parse_request(request)
         prepared = self.prepare(domain, descriptors, request.hits_addend)
-        if len(data) <= PREPARED_MAX_BYTES:
+        if len(data) <= PREPARED_MAX_BYTES and len(descriptors) <= PREPARED_MAX_DESCRIPTORS:
             if len(self._prepared) >= PREPARED_REQUESTS:
                 self._prepared.clear()  # cheaper than tracking use, and only costs a re-match
             self._prepared[data] = prepared

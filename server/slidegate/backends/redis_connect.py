@@ -150,8 +150,8 @@ def _auth_kwargs(auth: tuple[str | None, str] | None) -> dict[str, Any]:
 def make_client(topology: Topology, *, timeout: float, pool_size: int) -> aioredis.Redis | RedisCluster:
     """A redis-py asyncio client for ``topology``: at most ``pool_size`` connections (per node for a
     cluster) — callers keep their own calls within it, since these pools fail rather than wait when
-    full —, ``timeout`` seconds for connecting and for each reply, and no retries. Raises ValueError for a
-    malformed URL."""
+    full —, ``timeout`` seconds for connecting and (Sentinel, Cluster) for each reply, and no retries.
+    Raises ValueError for a malformed URL."""
     check_url(topology.url, topology.type)
     common: dict[str, Any] = {
         # a single Redis's calls are each bounded by the backend (RedisBackend._execute): a per-read timeout
