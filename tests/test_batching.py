@@ -72,24 +72,29 @@ async def test_a_caller_gone_before_its_batch_leaves_is_not_sent() -> None:
     assert recorder.batches == [[1], [3]]
 
 
-async def test_a_cancelled_lone_call_still_lets_the_waiting_ones_go() -> None:
+async def test_a_batch_that_left_runs_to_the_end_and_holds_its_place() -> None:
+    # a caller giving up (Envoy's deadline) must not cut its batch short: the batch keeps its place in flight
+    # until Redis answers, so a slow Redis never has more than max_in_flight batches queued by one service
     recorder = Recorder()
     batcher = Batcher(recorder.send, max_in_flight=1)
     lone = asyncio.create_task(batcher.submit(1))
     await asyncio.sleep(0.01)
     waiting = asyncio.create_task(batcher.submit(2))
     await asyncio.sleep(0.01)
-    lone.cancel()  # its own call stops with it; the waiting call must not be stranded
+    lone.cancel()
+    await asyncio.sleep(0.01)
+    assert recorder.batches == [[1]]  # the waiting call still waits for the place
     recorder.release.set()
     assert await asyncio.wait_for(waiting, 1) == 20
     assert recorder.batches == [[1], [2]]
 
 
 async def test_a_call_cut_off_mid_reply_never_hands_its_reply_to_the_next() -> None:
-    # Redis is held busy so the first call's reply comes after its deadline; the connection it used must
-    # not be reused with that reply still on the way, or the next call would read that reply as its own
+    # Redis is held busy past the backend's timeout, so the script call is cut off with its reply still on
+    # the way; the connection must not be reused in that state (redis-py closes it on a cut-off read, and
+    # the backend on anything else), or the next call would read that reply as its own
     server = RedisServer().start()
-    backend = RedisBackend(server.url, timeout=2)
+    backend = RedisBackend(server.url, timeout=0.1)
     busy = redis.Redis(port=server.port)
     try:
         first = Check("first", 5, 60_000_000, 1)
@@ -97,7 +102,7 @@ async def test_a_call_cut_off_mid_reply_never_hands_its_reply_to_the_next() -> N
         sleep = asyncio.get_running_loop().run_in_executor(None, busy.execute_command, "DEBUG", "SLEEP", "0.3")
         await asyncio.sleep(0.05)
         with pytest.raises(BackendUnavailable):
-            await backend.decide([first], timeout=0.05)
+            await backend.decide([first])
         await sleep
         await asyncio.sleep(0.05)  # the cut-off call's reply, if it ran, has come back by now
         for expected in (93, 86):
@@ -106,4 +111,25 @@ async def test_a_call_cut_off_mid_reply_never_hands_its_reply_to_the_next() -> N
     finally:
         busy.close()
         await backend.close()
+        server.stop()
+
+
+async def test_a_closed_backend_keeps_no_connection_open() -> None:
+    server = RedisServer().start()
+    backend = RedisBackend(server.url, timeout=1)
+    watcher = redis.Redis(port=server.port)
+    try:
+        def clients() -> int:
+            return len(watcher.client_list()) - 1  # less the watcher itself
+
+        calls = [backend.decide([Check(f"k{i}", 100, 60_000_000, 1)]) for i in range(20)]
+        racing = asyncio.gather(*calls)  # some of them still at Redis when the backend closes
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        await backend.close()
+        await racing
+        await asyncio.sleep(0.05)
+        assert clients() == 0
+    finally:
+        watcher.close()
         server.stop()

@@ -201,3 +201,20 @@ async def test_remembered_requests_are_bounded(write_config: Callable[..., Path]
             assert big.SerializeToString() not in remembered
     finally:
         await backend.close()
+
+
+async def test_a_limit_has_no_series_until_it_counts_hits(write_config: Callable[..., Path], redis_url: str,
+                                                          key_prefix: str) -> None:
+    config = load_directory(write_config(CONFIG))
+    backend = RedisBackend(redis_url)
+    service = RateLimitService(Limiter(lambda: config, backend, LimiterOptions(key_prefix=key_prefix)))
+    try:
+        async with served(service) as stub:
+            await stub.ShouldRateLimit(request("api", descriptor(("client", "c"), hits=0)))  # check only
+            assert b'key="client"' not in service.metrics.render()
+            await stub.ShouldRateLimit(request("api", descriptor(("client", "c"))))
+            text = service.metrics.render().decode()
+            assert 'ratelimit_service_rate_limit_total_hits_total{domain="api",key="client"} 1.0' in text
+            assert 'ratelimit_service_rate_limit_over_limit_total{domain="api",key="client"}' not in text
+    finally:
+        await backend.close()

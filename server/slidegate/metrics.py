@@ -63,39 +63,48 @@ class Metrics:
         return f"{rule_key}__other"
 
     def counters(self, domain: str, key: str) -> LimitCounters:
-        """The counters of one (domain, key) label pair, looked up once so that each decision only adds."""
-        labels = (printable(domain), key)
-        return LimitCounters(self.total_hits.labels(*labels), self.over_limit.labels(*labels),
-                             self.shadow_mode.labels(*labels), self.within_limit.labels(*labels),
-                             self.near_limit.labels(*labels), self.near_limit_ratio)
+        """The counters of one (domain, key) label pair, found once so that each decision only adds."""
+        return LimitCounters((self.total_hits, self.over_limit, self.shadow_mode, self.within_limit, self.near_limit),
+                             (printable(domain), key), self.near_limit_ratio)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return bytes(generate_latest(self.registry))
 
 
-
 class LimitCounters:
-    """One limit's counters (a rule's, or the requests' overrides in one domain)."""
+    """One limit's counters (a rule's, or the requests' overrides in one domain). A series is created on its
+    first count, as prometheus_client does when labels are looked up per decision."""
 
-    __slots__ = ("_near", "_near_ratio", "_over", "_shadow", "_total", "_within")
+    __slots__ = ("_children", "_labels", "_near_ratio", "_parents")
 
-    def __init__(self, total: Counter, over: Counter, shadow: Counter, within: Counter, near: Counter,
+    def __init__(self, parents: tuple[Counter, Counter, Counter, Counter, Counter], labels: tuple[str, str],
                  near_ratio: float) -> None:
-        self._total, self._over, self._shadow, self._within, self._near = total, over, shadow, within, near
+        self._parents = parents  # total, over, shadow, within, near
+        self._labels = labels
+        self._children: list[Counter | None] = [None] * len(parents)
         self._near_ratio = near_ratio
+
+    def _add(self, which: int, hits: int) -> None:
+        child = self._children[which]
+        if child is None:
+            child = self._children[which] = self._parents[which].labels(*self._labels)
+        child.inc(hits)
 
     def record(self, *, hits: int, limit: int, over: bool, shadow: bool, remaining: int) -> None:
         """Count one decision of this limit (``hits`` asked for, ``remaining`` after it); hits given back
         or check-only requests count nothing."""
         if hits <= 0:
             return
-        self._total.inc(hits)
+        self._add(_TOTAL, hits)
         if over:
-            (self._shadow if shadow else self._over).inc(hits)
+            self._add(_SHADOW if shadow else _OVER, hits)
             return
-        self._within.inc(hits)
+        self._add(_WITHIN, hits)
         near = math.floor(limit * self._near_ratio)
         used = limit - remaining
         if used > near:
-            self._near.inc(min(hits, used - near))
+            self._add(_NEAR, min(hits, used - near))
+
+
+_TOTAL, _OVER, _SHADOW, _WITHIN, _NEAR = range(5)

@@ -29,18 +29,7 @@ class Batcher(Generic[Item, Result]):
 
     async def submit(self, item: Item) -> Result:
         """``item``'s result, or the exception its batch raised. A caller that stops waiting (cancelled,
-        timed out) before its batch leaves is not sent at all; once sent, a batch of several runs to the end
-        (a batch of one is its caller's own call, and stops with it)."""
-        if self._in_flight < self._max_in_flight and not self._waiting:
-            # the common case when not saturated: the caller carries its own batch, no task or future needed
-            self._in_flight += 1
-            try:
-                [result] = await self._send([item])
-            finally:
-                self._in_flight -= 1
-                if self._waiting:
-                    self._flush()
-            return result
+        timed out) before its batch leaves is not sent at all; once sent, its batch runs to the end."""
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._waiting.append((item, future))
         if self._in_flight < self._max_in_flight:

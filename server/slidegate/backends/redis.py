@@ -59,6 +59,7 @@ class RedisBackend:
         if self._topology.type == "single" and not isinstance(self._client, RedisCluster):
             self._pool = self._client.connection_pool
         self._idle: list[AbstractConnection] = []
+        self._closed = False
         # a cluster's requests span slots: only one Redis (or Sentinel's master) takes batches of requests
         self._batcher: Batcher[tuple[Sequence[Check], str | int], Decision] = Batcher(self._decide_many)
         self._script = lua_script([a.value for a in Algorithm])
@@ -150,24 +151,31 @@ class RedisBackend:
         if self._pool is None:
             reply = await self._client.execute_command(*command)
             return reply
-        # Batches are at most two at a time, so two connections do; talking to them directly skips the pool,
-        # retry and observability layers of Redis.execute_command, a third of a call's cost.
+        # Batches are at most two at a time (each runs to its end, whoever waits for it), so two connections do;
+        # talking to them directly skips the pool, retry and observability layers of execute_command, a third
+        # of a call's cost.
         connection = self._idle.pop() if self._idle else self._pool.make_connection()
         try:
             # a batch outlives the callers that gave up on it: it needs its own bound, or a Redis that stopped
-            # answering would hold its place in flight for good
+            # answering would hold its place in flight for good (cut off, the connection is closed below)
             async with asyncio.timeout(self._timeout):
                 await connection.send_packed_command(_pack(command), check_health=False)
                 reply = await connection.read_response()
         except ResponseError:
-            self._idle.append(connection)  # an error reply (NOSCRIPT): the connection is in step
+            await self._release(connection)  # an error reply (NOSCRIPT): the connection is in step
             raise
         except BaseException:
-            # cancelled or broken mid-call: a late reply must never be read as the next call's
+            # cut off or broken mid-call: a late reply must never be read as the next call's
             await connection.disconnect(nowait=True)
             raise
-        self._idle.append(connection)
+        await self._release(connection)
         return reply
+
+    async def _release(self, connection: AbstractConnection) -> None:
+        if self._closed:
+            await connection.disconnect()
+        else:
+            self._idle.append(connection)
 
     async def ping(self) -> None:
         """Raise BackendUnavailable unless Redis (on a cluster: every master) answers PING in time."""
@@ -182,6 +190,7 @@ class RedisBackend:
             raise BackendUnavailable(f"{self.describe()}: {_reason(exc)}") from exc
 
     async def close(self) -> None:
+        self._closed = True  # a call still running closes its connection itself
         for connection in self._idle:
             await connection.disconnect()
         self._idle.clear()
