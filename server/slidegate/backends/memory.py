@@ -8,6 +8,7 @@ property tests hold both to one reference model), including the all-or-nothing d
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -76,38 +77,52 @@ class _State(Protocol):
 
 
 @dataclass
+class _LogHits:
+    """A log's admitted requests, oldest first: their times in microseconds (strictly increasing) and the
+    running count of hits after each (``counts``, from ``base``: the count after the newest request that has
+    left the window), as the Lua keeps them in its sorted set — so pruning and the time until enough hits have
+    left are binary searches, not scans."""
+
+    times: list[int]
+    counts: list[int]
+    base: int = 0
+
+
+@dataclass
 class _Log:
-    """sliding_window_log: admitted requests as [time us, seq, hits], oldest first."""
+    """sliding_window_log (mirrors lua/sliding_window_log.lua)."""
 
     key: str
     limit: int
     window: int
-    entries: list[list[int]]
-    total: int
-    at: int  # when this request's hits are recorded: never before the newest recorded hit
+    hits: _LogHits
+    at: int  # when this request's hits are recorded: after the newest recorded hit
     pend: int = 0
     give: int = 0
     counts_denied: bool = False
 
     @classmethod
     def load(cls, store: _Store, key: str, limit: int, window: int, _: int, now: int) -> _Log:
-        stored: list[list[int]] = store.get(key, now) or []
-        entries = [e for e in stored if e[0] > now - window]
-        if len(entries) < len(stored):
+        hits: _LogHits = store.get(key, now) or _LogHits([], [])
+        gone = bisect.bisect_right(hits.times, now - window)
+        if gone:
             # pruned hits are gone for good, as in Redis, even when this request is rejected
-            if entries:
-                store.update(key, entries)
-            else:
+            hits.base = hits.counts[gone - 1]
+            del hits.times[:gone], hits.counts[:gone]
+            if not hits.times:
                 store.delete(key)
-        at = max(now, entries[-1][0] + 1) if entries else now
-        return cls(key, limit, window, entries, sum(e[2] for e in entries), at)
+        at = max(now, hits.times[-1] + 1) if hits.times else now
+        return cls(key, limit, window, hits, at)
+
+    def _total(self) -> int:
+        return self.hits.counts[-1] - self.hits.base if self.hits.times else 0
 
     def _counted(self) -> int:
-        return self.total - self.give + self.pend
+        return self._total() - self.give + self.pend
 
     def _reset(self, now: int) -> int:
-        if self.entries and self.give < self.total:
-            return self.entries[0][0] + self.window - now
+        if self.hits.times and self.give < self._total():
+            return self.hits.times[0] + self.window - now
         return self.at + self.window - now if self.pend > 0 else 0
 
     def evaluate(self, hits: int, now: int) -> Answer:
@@ -115,42 +130,41 @@ class _Log:
         if hits < 0:
             take = min(-hits, self.pend)
             self.pend -= take
-            self.give = min(self.total, self.give - hits - take)
+            self.give = min(self._total(), self.give - hits - take)
             return False, rem_before, reset_before, max(0, self.limit - self._counted()), self._reset(now), 0
         if self._counted() + hits > self.limit:
             over_reset = self.window
             if hits <= self.limit:
                 # the oldest stored hits leave first; hits being given back (the newest) never count
-                need, freed = self._counted() + hits - self.limit, 0
+                need = self._counted() + hits - self.limit
                 over_reset = self.at + self.window - now
-                if need <= self.total - self.give:
-                    for t, _, h in self.entries:
-                        freed += h
-                        if freed >= need:
-                            over_reset = t + self.window - now
-                            break
+                if need <= self._total() - self.give:
+                    first = bisect.bisect_left(self.hits.counts, self.hits.base + need)
+                    over_reset = self.hits.times[first] + self.window - now
             return True, rem_before, reset_before, 0, 0, over_reset
         self.pend += hits
         return False, rem_before, reset_before, max(0, self.limit - self._counted()), self._reset(now), 0
 
     def save(self, store: _Store, now: int) -> None:
-        give = self.give
-        while give > 0 and self.entries:
-            newest = self.entries[-1]
-            if newest[2] > give:
-                newest[2] -= give
+        log, give = self.hits, self.give
+        while give > 0 and log.times:
+            # the newest request gives back first; one heavier than what is left keeps the difference
+            newest = log.counts[-1] - (log.counts[-2] if len(log.counts) > 1 else log.base)
+            if newest > give:
+                log.counts[-1] -= give
                 break
-            give -= newest[2]
-            self.entries.pop()
+            give -= newest
+            log.times.pop()
+            log.counts.pop()
         if self.pend > 0:
-            seq = sum(1 for e in self.entries if e[0] == self.at)
-            self.entries.append([self.at, seq, self.pend])
-        if not self.entries:
+            log.times.append(self.at)
+            log.counts.append((log.counts[-1] if log.counts else log.base) + self.pend)
+        if not log.times:
             store.delete(self.key)
         elif self.pend > 0:
-            store.set(self.key, self.entries, now, self.at + self.window - now)
+            store.set(self.key, log, now, self.at + self.window - now)
         else:
-            store.set(self.key, self.entries, now, self.entries[-1][0] + self.window - now)
+            store.set(self.key, log, now, log.times[-1] + self.window - now)
 
 
 @dataclass
