@@ -86,8 +86,11 @@ class Load:
 
 
 def cpu_seconds(pid: int) -> float:
+    """CPU time of ``pid`` and its live descendants (the workers of `serve --workers`), in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return own + sum(cpu_seconds(int(child)) for child in children if Path(f"/proc/{child}").exists())
 
 
 def h2load(port: int, data: Path, requests: int, clients: int, streams: int, watch: dict[str, int],
@@ -296,6 +299,15 @@ def main() -> None:
             for algorithm in ALGORITHMS[1:]:
                 run(f"slidegate, 1 descriptor, {algorithm}", sg_port, slidegate.pid,
                     body((algorithm, "k1"), directory=work))
+            workers_port = stack.free_port()
+            workers = stack.start_slidegate(
+                work / "config", workers_port, redis_url=url, key_prefix=prefix,
+                extra_args=("--log-level", "warning", "--workers", "2", "--http-port", str(stack.free_port()),
+                            "--debug-port", str(stack.free_port())))
+            try:
+                run("slidegate, 2 workers, 1 descriptor, log", workers_port, workers.pid, one)
+            finally:
+                stack.stop(workers)
             listener, admin = stack.free_port(), stack.free_port()
             uris = work / "uris"
             uris.write_text("".join(f"http://127.0.0.1:{listener}/k{i}\n" for i in range(DISTINCT_KEYS)))

@@ -52,6 +52,12 @@ def serve(**flags: str | None) -> None:
         sys.exit(2)
     configure_logging(settings.log_level, settings.log_format)
     try:
+        if settings.workers > 1:
+            from slidegate.workers import run_workers
+
+            # the workers load it too: an invalid config is reported once, here
+            load_directory(settings.config_path, LoadOptions(settings.merge_domain_config, settings.default_algorithm))
+            sys.exit(run_workers(settings))
         run(settings)
     except ConfigError as exc:
         click.echo(f"invalid config in {settings.config_path}:\n{exc}", err=True)

@@ -68,12 +68,14 @@ def make_app(service: RateLimitService, config: Callable[[], Config], health: He
     return app
 
 
-async def start_app(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serve ``app`` on ``host:port``; return the runner (``await runner.cleanup()`` stops it) and the bound
-    port. Raises OSError when the address cannot be bound."""
+async def start_app(app: web.Application, host: str, port: int, *,
+                    reuse_port: bool = False) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on ``host:port`` (shared with other processes with ``reuse_port``); return the runner
+    (``await runner.cleanup()`` stops it) and the bound port. Raises OSError when the address cannot be
+    bound."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
     try:
         await site.start()
     except OSError as exc:

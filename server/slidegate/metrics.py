@@ -10,8 +10,9 @@ values per rule (later ones count under ``_other``).
 from __future__ import annotations
 
 import math
+import os
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 
 from slidegate.text import printable
 
@@ -68,7 +69,12 @@ class Metrics:
                              (printable(domain), key), self.near_limit_ratio)
 
     def render(self) -> bytes:
-        """The Prometheus text exposition of every metric."""
+        """The Prometheus text exposition of every metric; under several workers (PROMETHEUS_MULTIPROC_DIR,
+        set by slidegate.workers), the sums over every worker."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+            return bytes(generate_latest(registry))
         return bytes(generate_latest(self.registry))
 
 

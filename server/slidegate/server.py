@@ -68,13 +68,15 @@ def _auth(text: str) -> tuple[str | None, str] | None:
 
 
 async def start_server(
-    service: RateLimitService, host: str, port: int, credentials: grpc.ServerCredentials | None = None
+    service: RateLimitService, host: str, port: int, credentials: grpc.ServerCredentials | None = None,
+    *, reuse_port: bool = False,
 ) -> tuple[grpc.aio.Server, HealthServicer, int]:
     """Start a gRPC server with the rate-limit, health and reflection services on ``host:port`` (TLS with
-    ``credentials``); return it, its health servicer (statuses still unset) and the bound port. Raises
-    OSError when the address cannot be bound."""
-    # without SO_REUSEPORT a second server on a taken port fails instead of silently sharing it
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    ``credentials``; shared with other processes with ``reuse_port``); return it, its health servicer
+    (statuses still unset) and the bound port. Raises OSError when the address cannot be bound."""
+    # without SO_REUSEPORT a second server on a taken port fails instead of silently sharing it; workers
+    # share theirs on purpose (slidegate.workers checks first that nobody else holds it)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port))])
     server.add_generic_rpc_handlers((service.handler(),))
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -91,10 +93,11 @@ async def start_server(
     return server, health_servicer, bound
 
 
-async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
+async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse_port: bool = False) -> None:
     """Serve until SIGTERM or SIGINT, then report not serving, stop taking calls and let in-flight ones
-    finish (at most DRAIN_TIMEOUT). Raises ConfigError for an invalid config, ValueError for a malformed
-    Redis URL and OSError when a port is taken or a TLS file cannot be read."""
+    finish (at most DRAIN_TIMEOUT); ``reuse_port``: share the ports with the other workers. Raises ConfigError
+    for an invalid config, ValueError for a malformed Redis URL and OSError when a port is taken or a TLS file
+    cannot be read."""
     load = LoadOptions(merge_domains=settings.merge_domain_config, default_algorithm=settings.default_algorithm)
     directory = settings.config_path
     holder = ConfigHolder(load_directory(directory, load))
@@ -118,7 +121,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     if settings.grpc_server_use_tls:
         credentials = server_credentials(settings.grpc_server_tls_cert, settings.grpc_server_tls_key,
                                          settings.grpc_client_tls_cacert)
-    server, health_servicer, port = await start_server(service, settings.grpc_host, settings.grpc_port, credentials)
+    server, health_servicer, port = await start_server(service, settings.grpc_host, settings.grpc_port, credentials,
+                                                       reuse_port=reuse_port)
     health = Health(health_servicer, needs_storage=settings.failure_mode == "error")
     await health.publish()
     runners = []
@@ -127,11 +131,11 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
         routes = ("json", "healthcheck", "rlconfig", "metrics") if settings.use_prometheus else (
             "json", "healthcheck", "rlconfig")
         runner, http_port = await start_app(make_app(service, lambda: holder.current, health, routes),
-                                            settings.http_host, settings.http_port)
+                                            settings.http_host, settings.http_port, reuse_port=reuse_port)
         runners.append(runner)
         debug_routes = ("rlconfig", "metrics") if settings.use_prometheus else ("rlconfig",)
         runner, debug_port = await start_app(make_app(service, lambda: holder.current, health, debug_routes),
-                                             settings.debug_host, settings.debug_port)
+                                             settings.debug_host, settings.debug_port, reuse_port=reuse_port)
         runners.append(runner)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -174,11 +178,11 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     log.info("stopped")
 
 
-def run(settings: Settings) -> None:
+def run(settings: Settings, *, reuse_port: bool = False) -> None:
     """Run ``serve`` on uvloop when it is installed, else on asyncio's default loop."""
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(settings))
+        asyncio.run(serve(settings, reuse_port=reuse_port))
     else:
-        uvloop.run(serve(settings))
+        uvloop.run(serve(settings, reuse_port=reuse_port))

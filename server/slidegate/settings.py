@@ -188,6 +188,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("use_prometheus", "USE_PROMETHEUS", "--use-prometheus", "true", _bool, "serve metrics on /metrics"),
     Spec("drain_timeout", "DRAIN_TIMEOUT", "--drain-timeout", "10s", _drain,
          "after SIGTERM, how long in-flight calls may take"),
+    Spec("workers", "WORKERS", "--workers", "1", _positive_int,
+         "processes serving the same ports (SO_REUSEPORT), each with its own event loop; Redis backend only"),
 )
 
 
@@ -238,6 +240,7 @@ class Settings:
     limit_response_headers_ietf: bool
     use_prometheus: bool
     drain_timeout: float
+    workers: int
 
     @classmethod
     def load(cls, environ: Mapping[str, str], flags: Mapping[str, str | None] | None = None) -> Settings:
@@ -280,6 +283,16 @@ class Settings:
                                 "--grpc-server-use-tls / GRPC_SERVER_USE_TLS=true")
         if bool(self.redis_tls_client_cert) != bool(self.redis_tls_client_key):
             raise SettingsError("REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together")
+        if self.workers > 1:
+            if self.backend_type == "memory":
+                raise SettingsError("--workers / WORKERS above 1 needs the Redis backend: the memory backend's "
+                                    "limits would be split between the processes")
+            ports = {"--grpc-port / GRPC_PORT": self.grpc_port, "--http-port / PORT": self.http_port,
+                     "--debug-port / DEBUG_PORT": self.debug_port}
+            for name, port in ports.items():
+                if port == 0:
+                    raise SettingsError(f"--workers / WORKERS above 1 needs a fixed port: {name} is 0 (any port), "
+                                        "which would give each worker a different one")
 
     @property
     def config_path(self) -> Path:

@@ -1,0 +1,113 @@
+"""Several worker processes on the same ports (WORKERS): one Python process is one event loop, so more cores
+need more processes.
+
+The parent checks that the ports are free (SO_REUSEPORT would otherwise let a stranger's server share them),
+then starts WORKERS processes that each run the whole service with SO_REUSEPORT, so the kernel spreads new
+connections between them (Envoy keeps its gRPC connections, so each Envoy connection stays with one worker).
+Every worker keeps its own Redis connections, over-limit cache and remembered requests; the limits
+themselves live in Redis and stay exact. The parent passes SIGTERM, SIGINT and SIGHUP on to the workers and
+exits when they have all stopped; when one stops on its own, it stops the others and exits with that
+worker's code, so that the supervisor (Kubernetes, systemd) restarts the whole.
+
+Metrics are summed over the workers with prometheus_client's multiprocess mode (a temporary directory in
+PROMETHEUS_MULTIPROC_DIR); with FAILURE_MODE=local each worker decides alone, so each takes its share:
+LOCAL_LIMIT_REPLICAS is multiplied by WORKERS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from types import FrameType
+
+from slidegate.config import ConfigError
+from slidegate.settings import Settings
+
+log = logging.getLogger("slidegate")
+
+
+def check_ports_free(settings: Settings) -> None:
+    """Raise OSError naming the first of the gRPC, HTTP and debug addresses that another program holds."""
+    for name, host, port in (("gRPC", settings.grpc_host, settings.grpc_port),
+                             ("HTTP", settings.http_host, settings.http_port),
+                             ("debug HTTP", settings.debug_host, settings.debug_port)):
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is fine
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                raise OSError(f"cannot listen for {name} on {host}:{port}: {exc.strerror}") from exc
+
+
+def run_workers(settings: Settings) -> int:
+    """Serve with ``settings.workers`` processes (see the module docstring) until they stop; return the exit
+    code: 0 after SIGTERM/SIGINT, else the code of the worker that stopped first. Raises OSError when a port
+    is taken."""
+    check_ports_free(settings)
+    metrics_dir = tempfile.mkdtemp(prefix="slidegate-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # read by prometheus_client when a worker imports it
+    each = dataclasses.replace(settings, workers=1,
+                               local_limit_replicas=settings.local_limit_replicas * settings.workers)
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no event loop or gRPC state copied
+    processes = [context.Process(target=_worker, args=(each,), name=f"slidegate-worker-{i}")
+                 for i in range(settings.workers)]
+    stopping = False
+
+    def forward(signum: int, _: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = stopping or signum != signal.SIGHUP
+        # SIGINT is passed on as SIGTERM: a worker still starting ignores SIGINT (see _worker)
+        passed = signal.SIGHUP if signum == signal.SIGHUP else signal.SIGTERM
+        for process in processes:
+            if process.pid is not None and process.exitcode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, passed)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    code = 0
+    try:
+        for process in processes:
+            process.start()
+        log.info("started %d workers (pids %s)", len(processes), ", ".join(str(p.pid) for p in processes))
+        while alive := [p for p in processes if p.exitcode is None]:
+            multiprocessing.connection.wait([p.sentinel for p in alive])
+            ended = [p for p in alive if p.exitcode is not None]
+            if not stopping and ended:
+                first = ended[0]
+                code = first.exitcode or 1
+                log.error("worker %s (pid %s) stopped with code %s: stopping the others", first.name, first.pid,
+                          first.exitcode)
+                forward(signal.SIGTERM, None)
+    finally:
+        for process in processes:
+            if process.exitcode is None and process.pid is not None:
+                process.kill()
+                process.join()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+    return code
+
+
+def _worker(settings: Settings) -> None:
+    from slidegate.logs import configure_logging
+    from slidegate.server import run
+
+    configure_logging(settings.log_level, settings.log_format)
+    # a terminal's Ctrl-C reaches every worker as well as the parent, which passes it on as SIGTERM: one stop
+    # is enough (once serving, the worker's own handler takes SIGINT over and drains)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        run(settings, reuse_port=True)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"worker {os.getpid()} cannot serve: {exc}", file=sys.stderr)
+        sys.exit(1)

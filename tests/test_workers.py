@@ -1,0 +1,106 @@
+"""`slidegate serve --workers N`: processes sharing the ports, exact limits across them, summed metrics,
+and the parent's handling of signals and of a worker that dies."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
+from slidegate.settings import Settings, SettingsError
+from slidegate.stack import free_port
+from tests.helpers import OK, descriptor, request
+from tests.served import Served, wait_for
+
+CONFIG = """
+domain: w
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 40}
+"""
+
+
+def worker_pids(served: Served) -> list[int]:
+    assert wait_for(lambda: "started 2 workers" in served.output())
+    found = re.search(r"started 2 workers \(pids (\d+), (\d+)\)", served.output())
+    assert found is not None
+    return [int(found.group(1)), int(found.group(2))]
+
+
+def sockets_of(pid: int) -> int:
+    fds = Path(f"/proc/{pid}/fd")
+    return sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith("socket:"))
+
+
+def test_workers_share_the_ports_and_the_limits(write_config: Callable[..., Path],
+                                                serve: Callable[..., Served]) -> None:
+    served = serve(write_config(CONFIG), "--workers", "2")
+    pids = worker_pids(served)
+    before = {pid: sockets_of(pid) for pid in pids}
+    # channels share one connection unless each keeps its own subchannels
+    channels = [grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}", options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(80)]
+    try:
+        def call(channel: grpc.Channel) -> int:
+            stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+            return int(stub.ShouldRateLimit(request("w", descriptor(("k", "shared"))), timeout=5).overall_code)
+
+        with ThreadPoolExecutor(16) as pool:
+            codes = list(pool.map(call, channels))
+        assert codes.count(OK) == 40  # one limit in Redis, whichever worker answered
+        # each connection is one socket in the worker that accepted it: the kernel gave both some
+        assert all(sockets_of(pid) > before[pid] for pid in pids)
+    finally:
+        for channel in channels:
+            channel.close()
+    metrics = served.http("/metrics")[1]
+    assert 'ratelimit_service_rate_limit_total_hits_total{domain="w",key="k"} 80.0' in metrics
+    assert 'ratelimit_service_rate_limit_over_limit_total{domain="w",key="k"} 40.0' in metrics
+    assert "ratelimit_config_load_success_total 2.0" in metrics  # one load per worker, summed
+    served.process.send_signal(signal.SIGTERM)
+    assert served.process.wait(15) == 0
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+
+
+def test_a_worker_that_dies_stops_the_others(write_config: Callable[..., Path],
+                                             serve: Callable[..., Served]) -> None:
+    served = serve(write_config(CONFIG), "--workers", "2")
+    dead, other = worker_pids(served)
+    os.kill(dead, signal.SIGKILL)
+    assert served.process.wait(15) != 0  # the supervisor (Kubernetes, systemd) restarts the whole
+    assert wait_for(lambda: not Path(f"/proc/{other}").exists())
+    assert "stopped with code -9: stopping the others" in served.output()
+
+
+def test_a_port_taken_by_another_program_is_refused(write_config: Callable[..., Path], redis_url: str) -> None:
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # it would share the port without the check
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        taken = other.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "slidegate", "serve", "--config", str(write_config(CONFIG)), "--workers", "2",
+             "--host", "127.0.0.1", "--grpc-port", str(taken), "--http-host", "127.0.0.1", "--http-port",
+             str(free_port()), "--debug-host", "127.0.0.1", "--debug-port", str(free_port()),
+             "--redis-url", redis_url], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1
+    assert f"cannot listen for gRPC on 127.0.0.1:{taken}" in done.stderr
+
+
+@pytest.mark.parametrize(("flags", "reason"), [
+    ({"workers": "2", "backend_type": "memory"}, "needs the Redis backend"),
+    ({"workers": "3", "http_port": "0"}, "--http-port / PORT is 0"),
+])
+def test_settings_that_cannot_work_with_workers(flags: dict[str, str], reason: str) -> None:
+    with pytest.raises(SettingsError, match=re.escape(reason)):
+        Settings.load({}, flags)
