@@ -168,6 +168,47 @@ def h2load_envoy(port: int, uris: Path, requests: int, watch: dict[str, int]) ->
                 durations[int(len(durations) * 0.99)] / 1000, cpu, failed)
 
 
+Profile = list[tuple[str, float]]  # (function, share of the samples of slidegate's process)
+
+
+def profile(pid: int, port: int, data: Path, seconds: int = 8) -> Profile:
+    """Where slidegate's process spends its time under load (h2load -c 10 -m 10): py-spy samples every thread
+    at 200 Hz; each function's share of the samples that pass through it (inclusive), the 14 largest among
+    slidegate's, redis-py's and asyncio's functions, plus the share of samples with no Python frame below the
+    event loop (time in uvloop's and gRPC's C code) and that of gRPC's own poller thread. Frames every sample
+    of the main thread passes through (from the entry point down to the loop) are left out."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    raw = Path(tempfile.mktemp(prefix="py-spy-"))
+    load = subprocess.Popen(["h2load", "-n", "10000000", "-c", "10", "-m", "10", "-t", "1", "-d", str(data),
+                             "-H", "content-type: application/grpc", "-H", "te: trailers",
+                             f"http://127.0.0.1:{port}{PATH}"], stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(1)
+        subprocess.run([spy, "record", "-p", str(pid), "-d", str(seconds), "-r", "200", "--format", "raw",
+                        "-o", str(raw)], capture_output=True, check=True)
+    finally:
+        load.terminate()
+        load.wait()
+    total, inclusive, loop_only, poller = 0, dict[str, int](), 0, 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")]
+        total += int(count)
+        if frames[0].startswith("Thread._bootstrap"):
+            poller += int(count)
+        elif frames[-1].startswith("Runner.run"):
+            loop_only += int(count)
+        for frame in set(frames):
+            if re.search(r"\((slidegate|redis|asyncio)/", frame):
+                inclusive[frame] = inclusive.get(frame, 0) + int(count)
+    raw.unlink()
+    # the frames every sample of the main thread passes through (the entry point down to the loop) say nothing
+    main_thread = total - poller
+    top = sorted(((f, n) for f, n in inclusive.items() if n < 0.99 * main_thread), key=lambda item: -item[1])[:14]
+    return ([("event loop in C (uvloop, gRPC), no Python frame", loop_only / total),
+             ("gRPC's poller thread", poller / total)] + [(frame, n / total) for frame, n in top])
+
+
 def median_load(runs: list[Load]) -> Load:
     return Load(statistics.median(r.calls for r in runs), statistics.median(r.p50_ms for r in runs),
                 statistics.median(r.p99_ms for r in runs),
@@ -285,6 +326,7 @@ def main() -> None:
             run("no-op handler, unloaded (c1 m1)", noop_port, noop.pid, one, 1, 1, requests=n // 10)
             run("slidegate, 1 descriptor, log", sg_port, slidegate.pid, one)
             run("slidegate, unloaded (c1 m1)", sg_port, slidegate.pid, one, 1, 1, requests=n // 10)
+            flame = profile(slidegate.pid, sg_port, one)
             run("slidegate, 4 descriptors", sg_port, slidegate.pid,
                 body(("sliding_window_log", "k"), ("d1", "a"), ("d2", "b"), ("d3", "c"), directory=work))
             hot = body(("hot", "attacker"), directory=work)
@@ -329,12 +371,12 @@ def main() -> None:
             noop.wait()
         ceiling = redis_benchmark(url, n * 5)
         core = core_rates(url, n)
-    write_report(Path(options.out), results, through_envoy, ceiling, core, repeat)
+    write_report(Path(options.out), results, through_envoy, ceiling, core, repeat, flame)
     shutil.rmtree(work, ignore_errors=True)
 
 
 def write_report(out: Path, results: dict[str, Load], through_envoy: dict[str, Load], ceiling: float,
-                 core: dict[str, float], repeat: int) -> None:
+                 core: dict[str, float], repeat: int, flame: Profile) -> None:
     noop = results["no-op handler, 1 descriptor"]
     lines = [f"Median of {repeat} runs; h2load -c 10 -m 10 unless marked; ratios to the no-op handler of the same "
              "run.", "", "| workload | calls/s | ratio to no-op | p50 ms | p99 ms | server CPU | Redis CPU | failed |",
@@ -359,6 +401,9 @@ def write_report(out: Path, results: dict[str, Load], through_envoy: dict[str, L
               "ratio to slidegate-log |", "|---|---|---|"]
     for name, rate in core.items():
         lines.append(f"| {name} | {rate:,.0f} | {rate / core['slidegate-log']:.2f} |")
+    lines += ["", "Profile of slidegate under the 1-descriptor load (py-spy, every thread; a function's share counts "
+              "the samples that pass through it):", "", "| where | share of samples |", "|---|---|"]
+    lines += [f"| `{where}` | {share:.0%} |" for where, share in flame]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     chart([(name, load.calls) for name, load in results.items()]
           + [(name, load.calls) for name, load in through_envoy.items()]
