@@ -37,6 +37,14 @@ def worker_pids(served: Served) -> list[int]:
     return [int(found.group(1)), int(found.group(2))]
 
 
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie waiting for a reaper counts as exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def sockets_of(pid: int) -> int:
     fds = Path(f"/proc/{pid}/fd")
     return sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith("socket:"))
@@ -69,7 +77,7 @@ def test_workers_share_the_ports_and_the_limits(write_config: Callable[..., Path
     assert "ratelimit_config_load_success_total 2.0" in metrics  # one load per worker, summed
     served.process.send_signal(signal.SIGTERM)
     assert served.process.wait(15) == 0
-    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert all(gone(pid) for pid in pids)
 
 
 def test_a_worker_that_dies_stops_the_others(write_config: Callable[..., Path],
@@ -78,7 +86,7 @@ def test_a_worker_that_dies_stops_the_others(write_config: Callable[..., Path],
     dead, other = worker_pids(served)
     os.kill(dead, signal.SIGKILL)
     assert served.process.wait(15) != 0  # the supervisor (Kubernetes, systemd) restarts the whole
-    assert wait_for(lambda: not Path(f"/proc/{other}").exists())
+    assert wait_for(lambda: gone(other))
     assert "stopped with code -9: stopping the others" in served.output()
 
 
@@ -95,6 +103,14 @@ def test_a_port_taken_by_another_program_is_refused(write_config: Callable[..., 
              "--redis-url", redis_url], capture_output=True, text=True, timeout=30)
     assert done.returncode == 1
     assert f"cannot listen for gRPC on 127.0.0.1:{taken}" in done.stderr
+
+
+def test_workers_of_a_killed_parent_stop(write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
+    served = serve(write_config(CONFIG), "--workers", "2")
+    pids = worker_pids(served)
+    served.process.kill()  # no chance to stop them
+    served.process.wait()
+    assert wait_for(lambda: all(gone(pid) for pid in pids), timeout=15)
 
 
 @pytest.mark.parametrize(("flags", "reason"), [

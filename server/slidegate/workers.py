@@ -7,7 +7,8 @@ connections between them (Envoy keeps its gRPC connections, so each Envoy connec
 Every worker keeps its own Redis connections, over-limit cache and remembered requests; the limits
 themselves live in Redis and stay exact. The parent passes SIGTERM, SIGINT and SIGHUP on to the workers and
 exits when they have all stopped; when one stops on its own, it stops the others and exits with that
-worker's code, so that the supervisor (Kubernetes, systemd) restarts the whole.
+worker's code, so that the supervisor (Kubernetes, systemd) restarts the whole. Workers whose parent was
+killed outright stop by themselves within a second.
 
 Metrics are summed over the workers with prometheus_client's multiprocess mode (a temporary directory in
 PROMETHEUS_MULTIPROC_DIR); with FAILURE_MODE=local each worker decides alone, so each takes its share:
@@ -27,6 +28,8 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
+import time
 from types import FrameType
 
 from slidegate.config import ConfigError
@@ -103,6 +106,7 @@ def _worker(settings: Settings) -> None:
     from slidegate.server import run
 
     configure_logging(settings.log_level, settings.log_format)
+    threading.Thread(target=_stop_when_orphaned, args=(os.getppid(),), daemon=True).start()
     # a terminal's Ctrl-C reaches every worker as well as the parent, which passes it on as SIGTERM: one stop
     # is enough (once serving, the worker's own handler takes SIGINT over and drains)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -111,3 +115,10 @@ def _worker(settings: Settings) -> None:
     except (ConfigError, ValueError, OSError) as exc:
         print(f"worker {os.getpid()} cannot serve: {exc}", file=sys.stderr)
         sys.exit(1)
+
+
+def _stop_when_orphaned(parent: int) -> None:
+    # a parent killed outright (SIGKILL, OOM killer) cannot stop its workers: they would keep the ports
+    while os.getppid() == parent:
+        time.sleep(1)
+    os.kill(os.getpid(), signal.SIGTERM)
