@@ -85,7 +85,7 @@ def test_a_worker_that_dies_stops_the_others(write_config: Callable[..., Path],
     served = serve(write_config(CONFIG), "--workers", "2")
     dead, other = worker_pids(served)
     os.kill(dead, signal.SIGKILL)
-    assert served.process.wait(15) != 0  # the supervisor (Kubernetes, systemd) restarts the whole
+    assert served.process.wait(15) == 128 + 9  # the supervisor (Kubernetes, systemd) restarts the whole
     assert wait_for(lambda: gone(other))
     assert "stopped with code -9: stopping the others" in served.output()
 
@@ -105,6 +105,17 @@ def test_a_port_taken_by_another_program_is_refused(write_config: Callable[..., 
     assert f"cannot listen for gRPC on 127.0.0.1:{taken}" in done.stderr
 
 
+def test_a_sighup_before_the_workers_serve_ends_nothing(write_config: Callable[..., Path],
+                                                        serve: Callable[..., Served]) -> None:
+    served = serve(write_config(CONFIG), "--workers", "2", wait=False)
+    assert wait_for(lambda: "started 2 workers" in served.output(), timeout=15)
+    served.process.send_signal(signal.SIGHUP)  # passed on to workers still importing
+    stub = served.stub()
+    assert wait_for(lambda: served.http("/healthcheck")[0] == 200, timeout=15), served.output()
+    assert stub.ShouldRateLimit(request("w", descriptor(("k", "after-hup"))), timeout=5).overall_code == OK
+    assert served.process.poll() is None and "stopped with code" not in served.output()
+
+
 def test_workers_of_a_killed_parent_stop(write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
     served = serve(write_config(CONFIG), "--workers", "2")
     pids = worker_pids(served)
@@ -116,6 +127,7 @@ def test_workers_of_a_killed_parent_stop(write_config: Callable[..., Path], serv
 @pytest.mark.parametrize(("flags", "reason"), [
     ({"workers": "2", "backend_type": "memory"}, "needs the Redis backend"),
     ({"workers": "3", "http_port": "0"}, "--http-port / PORT is 0"),
+    ({"workers": "1000"}, "1000 is more than 128"),
 ])
 def test_settings_that_cannot_work_with_workers(flags: dict[str, str], reason: str) -> None:
     with pytest.raises(SettingsError, match=re.escape(reason)):

@@ -193,6 +193,8 @@ SPECS: tuple[Spec, ...] = (
 )
 
 
+MAX_WORKERS = 128  # each worker is a whole Python process (~70 MB)
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """The parsed settings (times in seconds). Build with ``Settings.load``."""
@@ -283,16 +285,19 @@ class Settings:
                                 "--grpc-server-use-tls / GRPC_SERVER_USE_TLS=true")
         if bool(self.redis_tls_client_cert) != bool(self.redis_tls_client_key):
             raise SettingsError("REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together")
+        if self.workers > MAX_WORKERS:
+            raise SettingsError(f"invalid settings:\n  --workers / WORKERS: {self.workers} is more than "
+                                f"{MAX_WORKERS}; one worker per core is the most that helps")
         if self.workers > 1:
             if self.backend_type == "memory":
-                raise SettingsError("--workers / WORKERS above 1 needs the Redis backend: the memory backend's "
-                                    "limits would be split between the processes")
+                raise SettingsError("invalid settings:\n  --workers / WORKERS above 1 needs the Redis backend: the "
+                                    "memory backend's limits would be split between the processes")
             ports = {"--grpc-port / GRPC_PORT": self.grpc_port, "--http-port / PORT": self.http_port,
                      "--debug-port / DEBUG_PORT": self.debug_port}
             for name, port in ports.items():
                 if port == 0:
-                    raise SettingsError(f"--workers / WORKERS above 1 needs a fixed port: {name} is 0 (any port), "
-                                        "which would give each worker a different one")
+                    raise SettingsError(f"invalid settings:\n  --workers / WORKERS above 1 needs a fixed port: {name} "
+                                        "is 0 (any port), which would give each worker a different one")
 
     @property
     def config_path(self) -> Path:

@@ -69,29 +69,41 @@ def run_workers(settings: Settings) -> int:
     def forward(signum: int, _: FrameType | None) -> None:
         nonlocal stopping
         stopping = stopping or signum != signal.SIGHUP
-        # SIGINT is passed on as SIGTERM: a worker still starting ignores SIGINT (see _worker)
+        # SIGINT is passed on as SIGTERM: a worker still starting ignores SIGINT (see below)
         passed = signal.SIGHUP if signum == signal.SIGHUP else signal.SIGTERM
         for process in processes:
             if process.pid is not None and process.exitcode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, passed)
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, forward)
     code = 0
+    seen: set[str] = set()  # workers whose end was handled
     try:
+        # Ignored signals stay ignored in a new process, until its event loop takes them over: a worker still
+        # starting is not ended by a SIGHUP passed on (it loads the config anyway), nor by a terminal's Ctrl-C,
+        # which reaches it besides the parent (the parent passes SIGINT on as SIGTERM).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         for process in processes:
             process.start()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, forward)
         log.info("started %d workers (pids %s)", len(processes), ", ".join(str(p.pid) for p in processes))
-        while alive := [p for p in processes if p.exitcode is None]:
-            multiprocessing.connection.wait([p.sentinel for p in alive])
-            ended = [p for p in alive if p.exitcode is not None]
-            if not stopping and ended:
+        while True:
+            # a worker's end is noticed whenever it is reaped, not only right after the wait that saw it
+            ended = [p for p in processes if p.exitcode is not None and p.name not in seen]
+            seen.update(p.name for p in ended)
+            if ended and not stopping:
                 first = ended[0]
-                code = first.exitcode or 1
+                exitcode = first.exitcode or 1
+                code = 128 - exitcode if exitcode < 0 else exitcode  # killed by signal N: 128 + N, as shells say
                 log.error("worker %s (pid %s) stopped with code %s: stopping the others", first.name, first.pid,
                           first.exitcode)
                 forward(signal.SIGTERM, None)
+            running = [p for p in processes if p.exitcode is None]
+            if not running:
+                break
+            multiprocessing.connection.wait([p.sentinel for p in running])
     finally:
         for process in processes:
             if process.exitcode is None and process.pid is not None:
@@ -107,9 +119,6 @@ def _worker(settings: Settings) -> None:
 
     configure_logging(settings.log_level, settings.log_format)
     threading.Thread(target=_stop_when_orphaned, args=(os.getppid(),), daemon=True).start()
-    # a terminal's Ctrl-C reaches every worker as well as the parent, which passes it on as SIGTERM: one stop
-    # is enough (once serving, the worker's own handler takes SIGINT over and drains)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         run(settings, reuse_port=True)
     except (ConfigError, ValueError, OSError) as exc:
