@@ -119,9 +119,13 @@ def test_a_sighup_before_the_workers_serve_ends_nothing(write_config: Callable[.
 def test_workers_of_a_killed_parent_stop(write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
     served = serve(write_config(CONFIG), "--workers", "2")
     pids = worker_pids(served)
+    metrics_dir = Path(Path(f"/proc/{pids[0]}/environ").read_bytes().split(b"PROMETHEUS_MULTIPROC_DIR=")[1]
+                       .split(b"\0")[0].decode())
+    assert metrics_dir.is_dir()
     served.process.kill()  # no chance to stop them
     served.process.wait()
     assert wait_for(lambda: all(gone(pid) for pid in pids), timeout=15)
+    assert not metrics_dir.exists()
 
 
 @pytest.mark.parametrize(("flags", "reason"), [

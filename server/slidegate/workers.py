@@ -127,7 +127,9 @@ def _worker(settings: Settings) -> None:
 
 
 def _stop_when_orphaned(parent: int) -> None:
-    # a parent killed outright (SIGKILL, OOM killer) cannot stop its workers: they would keep the ports
+    # a parent killed outright (SIGKILL, OOM killer) cannot stop its workers, which would keep the ports, nor
+    # remove the metrics directory (files the workers still hold open stay usable until they exit)
     while os.getppid() == parent:
         time.sleep(1)
+    shutil.rmtree(os.environ.get("PROMETHEUS_MULTIPROC_DIR", ""), ignore_errors=True)
     os.kill(os.getpid(), signal.SIGTERM)
