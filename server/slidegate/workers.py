@@ -62,7 +62,7 @@ def run_workers(settings: Settings) -> int:
     each = dataclasses.replace(settings, workers=1,
                                local_limit_replicas=settings.local_limit_replicas * settings.workers)
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no event loop or gRPC state copied
-    processes = [context.Process(target=_worker, args=(each,), name=f"slidegate-worker-{i}")
+    processes = [context.Process(target=_worker, args=(each, os.getpid()), name=f"slidegate-worker-{i}")
                  for i in range(settings.workers)]
     stopping = False
 
@@ -77,7 +77,6 @@ def run_workers(settings: Settings) -> int:
                     os.kill(process.pid, passed)
 
     code = 0
-    seen: set[str] = set()  # workers whose end was handled
     try:
         # Ignored signals stay ignored in a new process, until its event loop takes them over: a worker still
         # starting is not ended by a SIGHUP passed on (it loads the config anyway), nor by a terminal's Ctrl-C,
@@ -90,17 +89,17 @@ def run_workers(settings: Settings) -> int:
             signal.signal(sig, forward)
         log.info("started %d workers (pids %s)", len(processes), ", ".join(str(p.pid) for p in processes))
         while True:
-            # a worker's end is noticed whenever it is reaped, not only right after the wait that saw it
-            ended = [p for p in processes if p.exitcode is not None and p.name not in seen]
-            seen.update(p.name for p in ended)
-            if ended and not stopping:
-                first = ended[0]
+            # one look at each worker per turn: one reaped between two looks would be neither ended nor waited
+            # for (a worker not reaped yet is waited for, and its sentinel is already ready)
+            codes = [p.exitcode for p in processes]
+            first = next((p for p, c in zip(processes, codes, strict=True) if c is not None), None)
+            if first is not None and not stopping:
                 exitcode = first.exitcode or 1
                 code = 128 - exitcode if exitcode < 0 else exitcode  # killed by signal N: 128 + N, as shells say
                 log.error("worker %s (pid %s) stopped with code %s: stopping the others", first.name, first.pid,
                           first.exitcode)
                 forward(signal.SIGTERM, None)
-            running = [p for p in processes if p.exitcode is None]
+            running = [p for p, c in zip(processes, codes, strict=True) if c is None]
             if not running:
                 break
             multiprocessing.connection.wait([p.sentinel for p in running])
@@ -113,12 +112,14 @@ def run_workers(settings: Settings) -> int:
     return code
 
 
-def _worker(settings: Settings) -> None:
+def _worker(settings: Settings, parent: int) -> None:
+    # ``parent`` comes from the parent itself: one killed while this worker was still starting is already
+    # gone from os.getppid()
+    threading.Thread(target=_stop_when_orphaned, args=(parent,), daemon=True).start()
     from slidegate.logs import configure_logging
     from slidegate.server import run
 
     configure_logging(settings.log_level, settings.log_format)
-    threading.Thread(target=_stop_when_orphaned, args=(os.getppid(),), daemon=True).start()
     try:
         run(settings, reuse_port=True)
     except (ConfigError, ValueError, OSError) as exc:
