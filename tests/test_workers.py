@@ -3,12 +3,14 @@ and the parent's handling of signals and of a worker that dies."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,7 +20,7 @@ import pytest
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
 from slidegate.settings import Settings, SettingsError
-from slidegate.stack import free_port
+from slidegate.stack import free_port, stop
 from tests.helpers import OK, descriptor, request
 from tests.served import Served, wait_for
 
@@ -46,14 +48,18 @@ def gone(pid: int) -> bool:
 
 
 def sockets_of(pid: int) -> int:
-    fds = Path(f"/proc/{pid}/fd")
-    return sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith("socket:"))
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # closed since the listing
+            count += os.readlink(fd).startswith("socket:")
+    return count
 
 
 def test_workers_share_the_ports_and_the_limits(write_config: Callable[..., Path],
                                                 serve: Callable[..., Served]) -> None:
     served = serve(write_config(CONFIG), "--workers", "2")
     pids = worker_pids(served)
+    assert wait_for(lambda: served.output().count("listening for gRPC") == 2, timeout=15)  # both, not the first
     before = {pid: sockets_of(pid) for pid in pids}
     # channels share one connection unless each keeps its own subchannels
     channels = [grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}", options=[("grpc.use_local_subchannel_pool", 1)])
@@ -126,6 +132,34 @@ def test_workers_of_a_killed_parent_stop(write_config: Callable[..., Path], serv
     served.process.wait()
     assert wait_for(lambda: all(gone(pid) for pid in pids), timeout=15)
     assert not metrics_dir.exists()
+
+
+def test_two_started_at_once_on_the_same_ports_one_is_refused(write_config: Callable[..., Path],
+                                                              redis_url: str) -> None:
+    ports = [str(free_port()) for _ in range(3)]
+    command = [sys.executable, "-m", "slidegate", "serve", "--config", str(write_config(CONFIG)), "--workers", "2",
+               "--host", "127.0.0.1", "--grpc-port", ports[0], "--http-host", "127.0.0.1", "--http-port", ports[1],
+               "--debug-host", "127.0.0.1", "--debug-port", ports[2], "--redis-url", redis_url]
+    both = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    try:
+        assert wait_for(lambda: any(p.poll() is not None for p in both), timeout=15)
+        [refused] = [p for p in both if p.poll() is not None]
+        assert refused.returncode == 1
+        assert "another slidegate with --workers holds it" in (refused.stdout.read() if refused.stdout else "")
+        [kept] = [p for p in both if p is not refused]
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ports[1]}/healthcheck", timeout=2) as reply:
+                    return bool(reply.status == 200)
+            except OSError:
+                return False
+
+        assert wait_for(healthy, timeout=15)
+        assert kept.poll() is None
+    finally:
+        for process in both:
+            stop(process)
 
 
 @pytest.mark.parametrize(("flags", "reason"), [

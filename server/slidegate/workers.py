@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import re
 import shutil
 import signal
 import socket
@@ -30,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 
 from slidegate.config import ConfigError
@@ -38,11 +41,14 @@ from slidegate.settings import Settings
 log = logging.getLogger("slidegate")
 
 
+def _addresses(settings: Settings) -> tuple[tuple[str, str, int], ...]:
+    return (("gRPC", settings.grpc_host, settings.grpc_port), ("HTTP", settings.http_host, settings.http_port),
+            ("debug HTTP", settings.debug_host, settings.debug_port))
+
+
 def check_ports_free(settings: Settings) -> None:
     """Raise OSError naming the first of the gRPC, HTTP and debug addresses that another program holds."""
-    for name, host, port in (("gRPC", settings.grpc_host, settings.grpc_port),
-                             ("HTTP", settings.http_host, settings.http_port),
-                             ("debug HTTP", settings.debug_host, settings.debug_port)):
+    for name, host, port in _addresses(settings):
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is fine
@@ -52,18 +58,42 @@ def check_ports_free(settings: Settings) -> None:
                 raise OSError(f"cannot listen for {name} on {host}:{port}: {exc.strerror}") from exc
 
 
+def lock_ports(settings: Settings) -> list[int]:
+    """Lock files (in the temporary directory, one per address) held for the parent's life, so that a second
+    `serve --workers` on the same ports is refused even when both start at once: the port check alone would
+    pass for both, since workers bind a moment later and share the ports with each other. Returns the open
+    file descriptors; raises OSError naming the address another slidegate holds."""
+    held: list[int] = []
+    for name, host, port in _addresses(settings):
+        path = Path(tempfile.gettempdir()) / f"slidegate-{re.sub(r'[^0-9A-Za-z.]', '_', host)}-{port}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            for other in held:
+                os.close(other)
+            raise OSError(f"cannot listen for {name} on {host}:{port}: another slidegate with --workers "
+                          "holds it") from None
+        held.append(fd)
+    return held
+
+
 def run_workers(settings: Settings) -> int:
     """Serve with ``settings.workers`` processes (see the module docstring) until they stop; return the exit
     code: 0 after SIGTERM/SIGINT, else the code of the worker that stopped first. Raises OSError when a port
     is taken."""
-    check_ports_free(settings)
-    metrics_dir = tempfile.mkdtemp(prefix="slidegate-metrics-")
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # read by prometheus_client when a worker imports it
-    each = dataclasses.replace(settings, workers=1,
-                               local_limit_replicas=settings.local_limit_replicas * settings.workers)
-    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no event loop or gRPC state copied
-    processes = [context.Process(target=_worker, args=(each, os.getpid()), name=f"slidegate-worker-{i}")
-                 for i in range(settings.workers)]
+    locks = lock_ports(settings)
+    try:
+        check_ports_free(settings)
+        return _supervise(settings)
+    finally:
+        for fd in locks:
+            os.close(fd)
+
+
+def _supervise(settings: Settings) -> int:
+    processes: list[multiprocessing.process.BaseProcess] = []  # the started ones
     stopping = False
 
     def forward(signum: int, _: FrameType | None) -> None:
@@ -76,6 +106,12 @@ def run_workers(settings: Settings) -> int:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, passed)
 
+    signal.signal(signal.SIGTERM, forward)  # from the start: a SIGTERM before the workers run still cleans up
+    metrics_dir = tempfile.mkdtemp(prefix="slidegate-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # read by prometheus_client when a worker imports it
+    each = dataclasses.replace(settings, workers=1,
+                               local_limit_replicas=settings.local_limit_replicas * settings.workers)
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no event loop or gRPC state copied
     code = 0
     try:
         # Ignored signals stay ignored in a new process, until its event loop takes them over: a worker still
@@ -83,8 +119,12 @@ def run_workers(settings: Settings) -> int:
         # which reaches it besides the parent (the parent passes SIGINT on as SIGTERM).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        for process in processes:
-            process.start()
+        for i in range(settings.workers):
+            if stopping:
+                break
+            worker = context.Process(target=_worker, args=(each, os.getpid()), name=f"slidegate-worker-{i}")
+            worker.start()
+            processes.append(worker)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, forward)
         log.info("started %d workers (pids %s)", len(processes), ", ".join(str(p.pid) for p in processes))
