@@ -14,27 +14,45 @@
 -- Negative hits give back the newest hits first.
 
 
+-- The bookkeeping members and the oldest hit: scores sort "#" (-C of the newest request) first, then "^"
+-- (-C of the newest gone, never below it), then the hits by time. Returns last, base, oldest (or nil).
+local function log_head(key)
+  local head = redis.call('ZRANGE', key, 0, 2, 'WITHSCORES')
+  local last, base, oldest = 0, 0, nil
+  for j = 1, #head, 2 do
+    local member, score = head[j], tonumber(head[j + 1])
+    if member == '#' then last = -score
+    elseif member == '^' then base = -score
+    elseif score > 0 then oldest = score; break end
+  end
+  return last, base, oldest, #head > 0
+end
+
 local function log_load(key, limit, window, _, now)
-  local cutoff = fmt(now - window)
-  local newest_gone = redis.call('ZREVRANGEBYSCORE', key, cutoff, '(0', 'LIMIT', 0, 1)
-  if #newest_gone > 0 then
-    redis.call('ZREMRANGEBYSCORE', key, '(0', cutoff)
+  local cutoff = now - window
+  local last, base, oldest, exists = log_head(key)
+  if oldest and oldest <= cutoff then
+    -- hits have left the window: drop them, remembering the running count of the newest one gone
+    local newest_gone = redis.call('ZREVRANGEBYSCORE', key, fmt(cutoff), '(0', 'LIMIT', 0, 1)
+    redis.call('ZREMRANGEBYSCORE', key, '(0', fmt(cutoff))
     redis.call('ZADD', key, '-' .. newest_gone[1], '^')
+    last, base, oldest, exists = log_head(key)
   end
-  local last = -(tonumber(redis.call('ZSCORE', key, '#')) or 0)
-  local base = -(tonumber(redis.call('ZSCORE', key, '^')) or 0)
-  if last - base <= 0 then
+  if exists and last - base <= 0 then
     redis.call('DEL', key)
-    last, base = 0, 0
+    last, base, oldest = 0, 0, nil
   end
-  local oldest = redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-  local newest = redis.call('ZREVRANGEBYSCORE', key, '+inf', '(0', 'WITHSCORES', 'LIMIT', 0, 1)
+  local newest = nil
+  if oldest then
+    local tail = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    newest = tonumber(tail[2])
+  end
   return {
     key = key, limit = limit, window = window, last = last, base = base, pend = 0, give = 0,
-    oldest = oldest[2] and tonumber(oldest[2]) or nil,
+    oldest = oldest,
     -- hits are recorded after the newest one (1 µs later if the clock has not moved on or went back), so
     -- scores are distinct and C grows with them: Redis would order equal scores by name, as text
-    at = newest[2] and math.max(now, tonumber(newest[2]) + 1) or now,
+    at = newest and math.max(now, newest + 1) or now,
   }
 end
 
@@ -103,24 +121,26 @@ algorithms.sliding_window_log = {
         give = give - weight
       end
     end
+    if st.pend == 0 and last == st.last then return end  -- nothing to write
+    if last + st.pend - st.base <= 0 then
+      redis.call('DEL', key)
+      return
+    end
     if st.pend > 0 then
       last = last + st.pend
-      redis.call('ZADD', key, fmt(st.at), fmt(last))
-    end
-    if last - st.base <= 0 then
-      redis.call('DEL', key)
+      redis.call('ZADD', key, fmt(st.at), fmt(last), '-' .. fmt(last), '#')
+      pexpire_us(key, st.at + st.window - now)
     elseif last ~= st.last then
       redis.call('ZADD', key, '-' .. fmt(last), '#')
-      if st.pend > 0 then pexpire_us(key, st.at + st.window - now) end
-      if last > 1125899906842624 then  -- 2^50: start counting from 0 again before C loses precision
-        local members = redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'WITHSCORES')
-        for j = 1, #members, 2 do
-          redis.call('ZREM', key, members[j])
-          redis.call('ZADD', key, members[j + 1], fmt(tonumber(members[j]) - st.base))
-        end
-        redis.call('ZADD', key, '-' .. fmt(last - st.base), '#')
-        redis.call('ZADD', key, '0', '^')
+    end
+    if last ~= st.last and last > 1125899906842624 then  -- 2^50: count from 0 again before C loses precision
+      local members = redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'WITHSCORES')
+      for j = 1, #members, 2 do
+        redis.call('ZREM', key, members[j])
+        redis.call('ZADD', key, members[j + 1], fmt(tonumber(members[j]) - st.base))
       end
+      redis.call('ZADD', key, '-' .. fmt(last - st.base), '#')
+      redis.call('ZADD', key, '0', '^')
     end
   end,
 }
