@@ -3,6 +3,7 @@ times each algorithm gives. Times are injected; the backends are a real Redis an
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import AsyncIterator
 
@@ -186,6 +187,16 @@ async def test_a_clock_stepping_back_resets_nothing(backend: Backend, key_prefix
     await limit.hit(10.5, hits=3)  # the window [10 s, 20 s) is full
     over, remaining, _ = await limit.hit(9.5)  # Redis TIME stepped back into the window before
     assert (over, remaining) == (True, 0)
+
+
+async def test_log_giving_back_late_in_the_window_keeps_the_key(backend: Backend, key_prefix: str) -> None:
+    # The key's expiry is set when hits are recorded; giving some back must not shorten it to what is left of
+    # the window at the injected time (1 ms of real time here), or the hits still counted would vanish.
+    limit = Limit(backend, LOG, f"{key_prefix}late-give")
+    await limit.hit(0.0, hits=2)
+    await limit.hit(9.999999, hits=-1)  # 1 µs before both hits leave the window
+    await asyncio.sleep(0.005)
+    assert (await limit.hit(9.999999, hits=0))[:2] == (False, 2)
 
 
 async def test_giving_back_everything_empties_a_counter_holding_two_windows(backend: Backend, key_prefix: str) -> None:

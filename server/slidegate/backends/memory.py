@@ -164,7 +164,9 @@ class _Log:
         elif self.pend > 0:
             store.set(self.key, log, now, self.at + self.window - now)
         else:
-            store.set(self.key, log, now, log.times[-1] + self.window - now)
+            # only given back: the expiry set with the newest hit still holds (the Lua leaves it too; measured
+            # from now, on an injected clock, it could end long before the hits leave the window)
+            store.update(self.key, log)
 
 
 @dataclass
