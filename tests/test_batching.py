@@ -133,3 +133,21 @@ async def test_a_closed_backend_keeps_no_connection_open() -> None:
     finally:
         watcher.close()
         server.stop()
+
+
+async def test_connections_redis_closed_while_idle_are_not_used() -> None:
+    # After a Redis restart the idle connections are dead; the first call after it must not fail on one.
+    server = RedisServer().start()
+    backend = RedisBackend(server.url, timeout=1)
+    try:
+        # two batches in flight at once leave two idle connections behind
+        await asyncio.gather(*(backend.decide([Check(f"k{i}", 100, 60_000_000, 1)]) for i in range(10)))
+        server.stop()
+        server.start()
+        await asyncio.sleep(0.05)  # the end of file reaches the idle connections
+        for _ in range(3):
+            [outcome] = (await backend.decide([Check("after", 100, 60_000_000, 1)])).outcomes
+        assert outcome.remaining == 97
+    finally:
+        await backend.close()
+        server.stop()

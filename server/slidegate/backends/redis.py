@@ -154,7 +154,12 @@ class RedisBackend:
         # Batches are at most two at a time (each runs to its end, whoever waits for it), so two connections do;
         # talking to them directly skips the pool, retry and observability layers of execute_command, a third
         # of a call's cost.
-        connection = self._idle.pop() if self._idle else self._pool.make_connection()
+        connection = self._idle.pop() if self._idle else None
+        while connection is not None and _closed_by_redis(connection):
+            await connection.disconnect(nowait=True)  # after a Redis restart or CLIENT KILL: it would fail a batch
+            connection = self._idle.pop() if self._idle else None
+        if connection is None:
+            connection = self._pool.make_connection()
         try:
             # a batch outlives the callers that gave up on it: it needs its own bound, or a Redis that stopped
             # answering would hold its place in flight for good (cut off, the connection is closed below)
@@ -195,6 +200,13 @@ class RedisBackend:
             await connection.disconnect()
         self._idle.clear()
         await self._client.aclose()
+
+
+def _closed_by_redis(connection: AbstractConnection) -> bool:
+    """Whether Redis closed this idle connection: its stream reader already holds the end of file or the error
+    the transport reported, so no system call is needed to know."""
+    reader: asyncio.StreamReader | None = getattr(connection, "_reader", None)
+    return reader is None or reader.at_eof() or reader.exception() is not None
 
 
 def _pack(command: tuple[str | int, ...]) -> bytes:
