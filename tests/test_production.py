@@ -199,7 +199,7 @@ def test_reflection_json_logs_and_the_client_command(write_config: Callable[...,
     assert first.returncode == 0, first.stderr
     assert first.stdout.splitlines()[0] == "overall: OK"
     assert re.search(r"^0\s+user=c\s+OK\s+2/60s\s+1\s+60\.000$", first.stdout, re.MULTILINE), first.stdout
-    assert re.search(r"^1\s+path=/api/1,x=y\s+OK\s+-\s+0\s+0\.000$", first.stdout, re.MULTILINE), first.stdout
+    assert re.search(r"^1\s+path=/api/1,x=y\s+OK\s+-\s+-\s+0\.000$", first.stdout, re.MULTILINE), first.stdout
     over = subprocess.run([*client, "--descriptor", "user=c", "--hits", "5", "--json"],
                           capture_output=True, text=True, timeout=30)
     decision = json.loads(over.stdout)

@@ -47,6 +47,7 @@ def serve(config_dir: Path, *args: str, env: dict[str, str] | None = None, timeo
                                "at most 60 s"),
     (("--redis-timeout", "soon"), "invalid duration 'soon' (use e.g. 250ms or 0.25s)"),
     (("--grpc-port", "abc"), "--grpc-port / GRPC_PORT (from the flag): 'abc' is not a whole number"),
+    (("--workers", "-1"), "--workers / WORKERS (from the flag): -1 is negative"),
     (("--default-algorithm", "leaky"), "--default-algorithm / DEFAULT_ALGORITHM (from the flag): 'leaky' is not "
                                        "one of sliding_window_log, sliding_window_counter, token_bucket, "
                                        "fixed_window"),

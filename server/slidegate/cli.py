@@ -142,6 +142,7 @@ def client(target: str, domain: str, descriptors: tuple[str, ...], hits: int, ti
         click.echo(f"{'#':<3} {'descriptor':<40} {'code':<11} {'limit':<18} {'remaining':>10} {'reset s':>9}")
         for index, (text, d) in enumerate(zip(descriptors, decision.descriptors, strict=False)):
             limit = f"{d.limit}/{d.window_seconds}s" if d.limit is not None else "-"
+            remaining = str(d.remaining) if d.limit is not None else "-"  # no limit applies: nothing remains
             code = "OVER_LIMIT" if d.over else "OK"
-            click.echo(f"{index:<3} {text:<40} {code:<11} {limit:<18} {d.remaining:>10} {d.reset_seconds:>9.3f}")
+            click.echo(f"{index:<3} {text:<40} {code:<11} {limit:<18} {remaining:>10} {d.reset_seconds:>9.3f}")
     sys.exit(0 if decision.allowed else 1)

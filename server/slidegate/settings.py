@@ -42,8 +42,10 @@ def _bool(text: str) -> bool:
 
 
 def _whole(text: str) -> int:
-    if not re.fullmatch(r"\s*\d+\s*", text):
+    if not re.fullmatch(r"\s*-?\d+\s*", text):
         raise ValueError(f"{text!r} is not a whole number")
+    if int(text) < 0:
+        raise ValueError(f"{int(text)} is negative")
     return int(text)
 
 

@@ -49,13 +49,14 @@ def _addresses(settings: Settings) -> tuple[tuple[str, str, int], ...]:
 def check_ports_free(settings: Settings) -> None:
     """Raise OSError naming the first of the gRPC, HTTP and debug addresses that another program holds."""
     for name, host, port in _addresses(settings):
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is fine
-            try:
-                probe.bind(address)
-            except OSError as exc:
-                raise OSError(f"cannot listen for {name} on {host}:{port}: {exc.strerror}") from exc
+        # every address the name stands for (localhost: ::1 and 127.0.0.1), as the servers bind each
+        for family, kind, proto, _, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is fine
+                try:
+                    probe.bind(address)
+                except OSError as exc:
+                    raise OSError(f"cannot listen for {name} on {host}:{port}: {exc.strerror}") from exc
 
 
 def lock_ports(settings: Settings) -> list[int]:
