@@ -5,7 +5,8 @@
     python bench/run.py [--repeat 3] [--requests 20000] [--out bench/results]
 
 Starts a private redis-server (or uses REDIS_URL), the no-op RLS server (bench/noop_server.py: the Python
-ceiling) and `slidegate serve`, and drives both with h2load over gRPC (a pre-serialised request; h2load
+ceiling), the same server waiting for one EVALSHA per call with no client library (the least a Redis round
+trip costs) and `slidegate serve`, and drives both with h2load over gRPC (a pre-serialised request; h2load
 repeats one request, so each workload names its keys in its body). Every number is the median of --repeat
 runs; the README shows the ratios, since absolute numbers vary by ±20% on shared machines.
 
@@ -83,6 +84,7 @@ class Load:
     p99_ms: float
     cpu: dict[str, float]  # process name -> share of one core
     failed: int
+    loop_us: float = 0.0  # CPU time of the server's event-loop thread(s) per call, microseconds
 
 
 def cpu_seconds(pid: int) -> float:
@@ -91,6 +93,15 @@ def cpu_seconds(pid: int) -> float:
     own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     return own + sum(cpu_seconds(int(child)) for child in children if Path(f"/proc/{child}").exists())
+
+
+def loop_seconds(pid: int) -> float:
+    """CPU time of the main thread (the event loop) of ``pid`` and of each live descendant, in seconds: the
+    thread a Python server's calls queue for, gRPC's own threads left out."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return own + sum(loop_seconds(int(child)) for child in children if Path(f"/proc/{child}").exists())
 
 
 def h2load(port: int, data: Path, requests: int, clients: int, streams: int, watch: dict[str, int],
@@ -104,6 +115,7 @@ def h2load(port: int, data: Path, requests: int, clients: int, streams: int, wat
                 *(["--log-file", str(log_file)] if log_file else []), f"http://127.0.0.1:{port}{PATH}"]
 
     before = {name: cpu_seconds(pid) for name, pid in watch.items()}
+    loop_before = loop_seconds(watch["server"])
     started = time.monotonic()
     others = [subprocess.Popen(command(b, requests * c // clients, c, None), stdout=subprocess.DEVNULL)
               for b, c in extra]
@@ -113,11 +125,12 @@ def h2load(port: int, data: Path, requests: int, clients: int, streams: int, wat
     elapsed = time.monotonic() - started
     cpu = {name: (cpu_seconds(pid) - before[name]) / elapsed for name, pid in watch.items()}
     total = requests + sum(requests * c // clients for _, c in extra)
+    loop_us = (loop_seconds(watch["server"]) - loop_before) / total * 1e6
     durations = sorted(int(line.split()[2]) for line in log.read_text().splitlines() if line.strip())
     log.unlink()
     failed = int(re.search(r"(\d+) failed", done.stdout).group(1))  # type: ignore[union-attr]
     return Load(total / elapsed, durations[len(durations) // 2] / 1000,
-                durations[int(len(durations) * 0.99)] / 1000, cpu, failed)
+                durations[int(len(durations) * 0.99)] / 1000, cpu, failed, loop_us)
 
 
 def envoy_config(listener_port: int, admin_port: int, rls_port: int | None) -> str:
@@ -212,7 +225,8 @@ def profile(pid: int, port: int, data: Path, seconds: int = 8) -> Profile:
 def median_load(runs: list[Load]) -> Load:
     return Load(statistics.median(r.calls for r in runs), statistics.median(r.p50_ms for r in runs),
                 statistics.median(r.p99_ms for r in runs),
-                {k: statistics.median(r.cpu[k] for r in runs) for k in runs[0].cpu}, sum(r.failed for r in runs))
+                {k: statistics.median(r.cpu[k] for r in runs) for k in runs[0].cpu}, sum(r.failed for r in runs),
+                statistics.median(r.loop_us for r in runs))
 
 
 @contextmanager
@@ -306,6 +320,8 @@ def main() -> None:
         prefix = f"bench-{uuid.uuid4().hex[:6]}:"
         noop_port, sg_port = stack.free_port(), stack.free_port()
         noop = subprocess.Popen([sys.executable, str(HERE / "noop_server.py"), str(noop_port)])
+        bare_port = stack.free_port()
+        bare = subprocess.Popen([sys.executable, str(HERE / "noop_server.py"), str(bare_port), url])
         slidegate = stack.start_slidegate(work / "config", sg_port, redis_url=url, key_prefix=prefix,
                                           extra_args=("--log-level", "warning"))
         time.sleep(1)
@@ -324,6 +340,7 @@ def main() -> None:
             one = body(("sliding_window_log", "k1"), directory=work)
             run("no-op handler, 1 descriptor", noop_port, noop.pid, one)
             run("no-op handler, unloaded (c1 m1)", noop_port, noop.pid, one, 1, 1, requests=n // 10)
+            run("no-op handler + one bare EVALSHA per call", bare_port, bare.pid, one)
             run("slidegate, 1 descriptor, log", sg_port, slidegate.pid, one)
             run("slidegate, unloaded (c1 m1)", sg_port, slidegate.pid, one, 1, 1, requests=n // 10)
             flame = profile(slidegate.pid, sg_port, one)
@@ -367,8 +384,9 @@ def main() -> None:
                     stack.stop(envoy)
         finally:
             stack.stop(slidegate)
-            noop.terminate()
-            noop.wait()
+            for reference in (noop, bare):
+                reference.terminate()
+                reference.wait()
         ceiling = redis_benchmark(url, n * 5)
         core = core_rates(url, n)
     write_report(Path(options.out), results, through_envoy, ceiling, core, repeat, flame)
@@ -379,13 +397,15 @@ def write_report(out: Path, results: dict[str, Load], through_envoy: dict[str, L
                  core: dict[str, float], repeat: int, flame: Profile) -> None:
     noop = results["no-op handler, 1 descriptor"]
     lines = [f"Median of {repeat} runs; h2load -c 10 -m 10 unless marked; ratios to the no-op handler of the same "
-             "run.", "", "| workload | calls/s | ratio to no-op | p50 ms | p99 ms | server CPU | Redis CPU | failed |",
-             "|---|---|---|---|---|---|---|---|"]
+             "run; loop µs: CPU time of the server's event-loop thread per call (of each worker's, summed, with "
+             "workers).", "", "| workload | calls/s | ratio to no-op | p50 ms | p99 ms | server CPU | loop µs | "
+             "Redis CPU | failed |", "|---|---|---|---|---|---|---|---|---|"]
     for name, load in results.items():
         base = results["no-op handler, attack mix"] if "attack" in name else (
             results["no-op handler, unloaded (c1 m1)"] if "unloaded" in name else noop)
         lines.append(f"| {name} | {load.calls:,.0f} | {load.calls / base.calls:.2f} | {load.p50_ms:.2f} | "
-                     f"{load.p99_ms:.2f} | {load.cpu['server']:.0%} | {load.cpu['redis']:.0%} | {load.failed} |")
+                     f"{load.p99_ms:.2f} | {load.cpu['server']:.0%} | {load.loop_us:.0f} | {load.cpu['redis']:.0%} | "
+                     f"{load.failed} |")
     bare, noop_behind = list(through_envoy.values())[:2]
     lines += ["", f"Through Envoy (concurrency 1, upstream answered by Envoy itself): h2load -c 10 -m 10 over "
               f"{DISTINCT_KEYS:,} paths, each a [path=<path>] descriptor with its own limit.", "",
