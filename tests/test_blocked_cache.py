@@ -11,7 +11,7 @@ from slidegate.backends.base import BackendUnavailable
 from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import load_directory
-from slidegate.limiter import Descriptor, Limiter
+from slidegate.limiter import Descriptor, Limiter, LimiterOptions
 from tests.conftest import Clock
 from tests.redis_servers import RedisServer
 
@@ -76,3 +76,27 @@ async def test_a_reloaded_limit_is_not_blocked_by_the_old_one(
         assert (s.over, s.remaining) == (False, 0)
     finally:
         await backend.close()
+
+
+async def test_hits_counted_since_a_rejection_push_its_retry_time_back(
+        write_config: Callable[..., Path], redis_url: str, key_prefix: str, clock: Clock) -> None:
+    # Found by the property test: 5 hits are over; 3 hits then fit, so 5 hits now fit later than the time
+    # remembered for them (a token bucket of 8 a minute: one token per 7.5 s).
+    config = load_directory(write_config(config_text(8).replace(
+        "unit: minute\n", "unit: minute\n      algorithm: token_bucket\n", 1)))
+    redis = RedisBackend(redis_url, timeout=1)
+    options = LimiterOptions(key_prefix=key_prefix)
+    limiter = Limiter(lambda: config, OverLimitCache(redis), options, clock=clock)
+    storage_only = Limiter(lambda: config, redis, options, clock=clock)
+    try:
+        clock.advance(1)
+        assert not (await limiter.should_rate_limit("c", [d("k", hits=5)]))[0].over
+        clock.advance(1)
+        [first] = await limiter.should_rate_limit("c", [d("k", hits=5)])
+        assert first.over and first.reset_us == 14_000_000  # 1.87 tokens short
+        assert not (await limiter.should_rate_limit("c", [d("k", hits=3)]))[0].over
+        [again] = await limiter.should_rate_limit("c", [d("k", hits=5)])
+        [truth] = await storage_only.should_rate_limit("c", [d("k", hits=5)])
+        assert again.over and again.reset_us == truth.reset_us == 36_500_000  # now 4.87 tokens short
+    finally:
+        await redis.close()

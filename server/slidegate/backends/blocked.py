@@ -11,7 +11,8 @@ cached as over (a request that also names a limit with room must still learn tha
 the storage); shadow limits, check-only or give-back requests, a different number of hits (whose retry time
 differs) and requests naming one limit twice always go to the storage. One caveat: hits
 given back (``is_negative_hits``) by another request or replica can make room before the cached time, which
-this cache learns only when it expires.
+this cache learns only when it expires; hits counted by another replica make the cached retry time early
+(this process forgets it when it counts hits on that limit itself).
 """
 
 from __future__ import annotations
@@ -63,9 +64,15 @@ class OverLimitCache:
                 return Decision(False, outcomes)
         decision = await self._backend.decide(checks, now_us, timeout)
         for c, outcome in zip(checks, decision.outcomes, strict=True):
+            if not outcome.over:
+                if self._blocked and c.hits > 0:
+                    # hits may have been counted: a request over for another number of hits now fits later
+                    # than the time remembered for it
+                    self._blocked.pop(_identity(c), None)
+                continue
             # more hits than the limit can ever hold are over for good, and reported with a fixed reset
             fits_some_day = c.hits <= (c.limit if c.burst is None else max(c.limit, c.burst))
-            if simple and outcome.over and c.hits > 0 and fits_some_day and not c.shadow and outcome.reset_us > 0:
+            if simple and c.hits > 0 and fits_some_day and not c.shadow and outcome.reset_us > 0:
                 if len(self._blocked) >= self._max_entries:
                     self._forget_expired(now)
                 self._blocked[_identity(c)] = (now + outcome.reset_us, c.hits)
