@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 import redis
 
 from slidegate.backends.base import BackendUnavailable, Check
 from slidegate.backends.batching import Batcher
+from slidegate.backends.deadlines import GRANULARITY, Deadlines
 from slidegate.backends.redis import RedisBackend
 from tests.redis_servers import RedisServer
 
@@ -151,3 +153,53 @@ async def test_connections_redis_closed_while_idle_are_not_used() -> None:
     finally:
         await backend.close()
         server.stop()
+
+
+async def test_deadlines_run_when_due_in_order_and_never_early() -> None:
+    loop = asyncio.get_running_loop()
+    deadlines = Deadlines()
+    ran: list[tuple[str, float]] = []
+    start = loop.time()
+
+    def record(name: str, after: float) -> Callable[[], None]:
+        return lambda: ran.append((name, loop.time() - start - after))
+
+    for name, after in (("late", 0.06), ("early", 0.02), ("middle", 0.04), ("early-too", 0.02)):
+        deadlines.add(start + after, record(name, after))
+    await asyncio.sleep(0.03)
+    assert [name for name, _ in ran] == ["early", "early-too"]  # an earlier deadline added later re-arms
+    await asyncio.sleep(0.05)
+    assert [name for name, _ in ran] == ["early", "early-too", "middle", "late"]
+    assert all(0 <= late < GRANULARITY + 0.01 for _, late in ran), ran
+
+
+async def test_a_callers_deadline_ends_its_wait_and_not_its_batch() -> None:
+    recorder = Recorder()
+    batcher = Batcher(recorder.send, max_in_flight=1)
+    loop = asyncio.get_running_loop()
+    with pytest.raises(TimeoutError):
+        await batcher.submit(0, loop.time() - 1)  # already past: not even queued
+    started = loop.time()
+    out = asyncio.create_task(batcher.submit(1, started + 0.02))
+    waiting = asyncio.create_task(batcher.submit(2, started + 0.02))
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(out, 2)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(waiting, 2)
+    assert loop.time() - started < 1  # ended by their deadline, not by wait_for's
+    assert recorder.batches == [[1]]  # the batch that left still holds its place; the expired caller never left
+    recorder.release.set()
+    assert await batcher.submit(3, loop.time() + 1) == 30
+    assert recorder.batches == [[1], [3]]
+
+
+async def test_a_batch_past_its_timeout_is_cut_off_and_frees_its_place() -> None:
+    recorder = Recorder()  # never released: a Redis that stopped answering
+    batcher = Batcher(recorder.send, max_in_flight=1, batch_timeout=0.05)
+    stuck = asyncio.create_task(batcher.submit(1))
+    queued = asyncio.create_task(batcher.submit(2))
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(stuck, 1)
+    assert recorder.batches == [[1], [2]]  # its place went to the next batch
+    recorder.release.set()
+    assert await asyncio.wait_for(queued, 1) == 20

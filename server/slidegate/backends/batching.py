@@ -11,26 +11,41 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Generic, TypeVar
+
+from slidegate.backends.deadlines import Deadlines
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 
 class Batcher(Generic[Item, Result]):
-    """Sends items through ``send`` (items → one result each, in order; may raise) in natural batches."""
+    """Sends items through ``send`` (items → one result each, in order; may raise) in natural batches.
 
-    def __init__(self, send: Callable[[list[Item]], Awaitable[list[Result]]], max_in_flight: int = 2) -> None:
+    ``batch_timeout``: seconds a batch may take before it is cut off (its task cancelled) and its callers
+    still waiting get TimeoutError; None: no bound."""
+
+    def __init__(self, send: Callable[[list[Item]], Awaitable[list[Result]]], max_in_flight: int = 2,
+                 batch_timeout: float | None = None) -> None:
         self._send = send
         self._max_in_flight = max_in_flight
+        self._batch_timeout = batch_timeout
         self._in_flight = 0
         self._waiting: list[tuple[Item, asyncio.Future[Result]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._deadlines = Deadlines()
 
-    async def submit(self, item: Item) -> Result:
-        """``item``'s result, or the exception its batch raised. A caller that stops waiting (cancelled,
-        timed out) before its batch leaves is not sent at all; once sent, its batch runs to the end."""
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+    async def submit(self, item: Item, deadline: float | None = None) -> Result:
+        """``item``'s result, or the exception its batch raised; TimeoutError once ``deadline`` (the loop's
+        time, seconds) has passed. A caller that stops waiting (cancelled, timed out) before its batch leaves
+        is not sent at all; once sent, its batch runs to the end (or to ``batch_timeout``)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Result] = loop.create_future()
+        if deadline is not None:
+            if deadline <= loop.time():
+                raise TimeoutError
+            self._deadlines.add(deadline, partial(_expire, future))
         self._waiting.append((item, future))
         if self._in_flight < self._max_in_flight:
             self._flush()
@@ -41,21 +56,27 @@ class Batcher(Generic[Item, Result]):
         self._waiting = []
         if batch:
             self._in_flight += 1
-            task = asyncio.get_running_loop().create_task(self._run(batch))
+            loop = asyncio.get_running_loop()
+            expired: list[bool] = []
+            task = loop.create_task(self._run(batch, expired))
             self._tasks.add(task)  # the loop keeps only weak references to tasks
             task.add_done_callback(self._tasks.discard)
+            if self._batch_timeout is not None:
+                self._deadlines.add(loop.time() + self._batch_timeout, partial(_cut_off, task, expired))
 
-    async def _run(self, batch: list[tuple[Item, asyncio.Future[Result]]]) -> None:
+    async def _run(self, batch: list[tuple[Item, asyncio.Future[Result]]], expired: list[bool]) -> None:
         try:
             results = await self._send([item for item, _ in batch])
         except BaseException as exc:
+            # cut off at batch_timeout: for its callers, a timeout like any other
+            error = TimeoutError() if expired else exc
             for _, future in batch:
                 if not future.done():
-                    if isinstance(exc, asyncio.CancelledError):
+                    if isinstance(error, asyncio.CancelledError):
                         future.cancel()
                     else:
-                        future.set_exception(exc)
-            if not isinstance(exc, Exception):
+                        future.set_exception(error)
+            if not isinstance(error, Exception):
                 raise
         else:
             for (_, future), result in zip(batch, results, strict=True):
@@ -65,3 +86,14 @@ class Batcher(Generic[Item, Result]):
             self._in_flight -= 1
             if self._waiting:
                 self._flush()
+
+
+def _expire(future: asyncio.Future[Result]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
+def _cut_off(task: asyncio.Task[None], expired: list[bool]) -> None:
+    if not task.done():
+        expired.append(True)
+        task.cancel()

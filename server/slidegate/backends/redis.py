@@ -3,7 +3,8 @@ one call per hash slot its keys fall in, sent together. On one Redis (or Sentine
 arrive while others are at Redis share the next script call (slidegate.backends.batching); each is still
 decided on its own, all-or-nothing, in arrival order.
 
-Connection errors and timeouts become BackendUnavailable within ``timeout`` seconds. Nothing is retried
+Connection errors and timeouts become BackendUnavailable within ``timeout`` seconds (a few ms more at most:
+deadlines share one timer, slidegate.backends.deadlines). Nothing is retried
 except a NOSCRIPT reply (after SCRIPT FLUSH, a Redis restart or a failover to a node that never saw the
 script), which means the script did not run: a call that may have executed is never sent twice, so no hit is
 counted twice.
@@ -61,7 +62,10 @@ class RedisBackend:
         self._idle: list[AbstractConnection] = []
         self._closed = False
         # a cluster's requests span slots: only one Redis (or Sentinel's master) takes batches of requests
-        self._batcher: Batcher[tuple[Sequence[Check], str | int], Decision] = Batcher(self._decide_many)
+        # (a batch's own bound: it outlives the callers that gave up on it, and a Redis that stopped answering
+        # would otherwise hold its place in flight for good; cut off, its connection is closed in _execute)
+        self._batcher: Batcher[tuple[Sequence[Check], str | int], Decision] = Batcher(
+            self._decide_many, batch_timeout=timeout)
         self._script = lua_script([a.value for a in Algorithm])
         self._sha = hashlib.sha1(self._script.encode()).hexdigest()
 
@@ -77,10 +81,11 @@ class RedisBackend:
             return Decision(True, [])
         clock: str | int = "" if now_us is None else now_us
         caller_first = timeout is not None and timeout < self._timeout
+        bound = timeout if timeout is not None and caller_first else self._timeout
         try:
-            async with asyncio.timeout(timeout if caller_first else self._timeout):
-                if self._router is None:
-                    return await self._batcher.submit((checks, clock))
+            if self._router is None:
+                return await self._batcher.submit((checks, clock), asyncio.get_running_loop().time() + bound)
+            async with asyncio.timeout(bound):
                 groups = self._groups(checks)
                 if len(groups) == 1:
                     return (await self._decide_many([(checks, clock)]))[0]
@@ -161,11 +166,9 @@ class RedisBackend:
         if connection is None:
             connection = self._pool.make_connection()
         try:
-            # a batch outlives the callers that gave up on it: it needs its own bound, or a Redis that stopped
-            # answering would hold its place in flight for good (cut off, the connection is closed below)
-            async with asyncio.timeout(self._timeout):
-                await connection.send_packed_command(_pack(command), check_health=False)
-                reply = await connection.read_response()
+            # bounded by the batch's timeout (the Batcher cuts a batch off by cancelling it)
+            await connection.send_packed_command(_pack(command), check_health=False)
+            reply = await connection.read_response()
         except ResponseError:
             await self._release(connection)  # an error reply (NOSCRIPT): the connection is in step
             raise

@@ -1,0 +1,49 @@
+"""Many deadlines on one timer: callbacks due at given loop times, most of which will find nothing to do.
+
+Every call to Redis has two deadlines (its caller's, and its batch's) that almost never expire. A timer of
+the loop for each (two ``asyncio.timeout``) cost a lone call about 45 µs of event-loop CPU on the benchmark
+machine (measured in one process, calls one after another: 160 µs per call with no deadline at all, 207 µs
+with the two timers, 183 µs with this); here a deadline is one push on a heap, and one timer of the loop,
+armed for the earliest deadline, runs every callback that is due when it fires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+from collections.abc import Callable
+
+GRANULARITY = 0.002  # seconds a callback may run late: deadlines this close together share one timer
+
+
+class Deadlines:
+    """Runs each ``add``-ed callback in the loop once its time (``loop.time()`` seconds) has passed, at most
+    GRANULARITY seconds late. A callback whose work is already done must do nothing (entries are not removed
+    when their call ends: they are dropped when due)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[], object]]] = []
+        self._order = itertools.count()  # equal times: first added, first run (never compares callbacks)
+        self._timer: asyncio.TimerHandle | None = None
+        self._fires_at = math.inf
+
+    def add(self, when: float, callback: Callable[[], object]) -> None:
+        heapq.heappush(self._heap, (when, next(self._order), callback))
+        if when + GRANULARITY < self._fires_at:
+            self._arm(asyncio.get_running_loop(), when)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._fires_at = when + GRANULARITY
+        self._timer = loop.call_at(self._fires_at, self._fire, loop)
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer, self._fires_at = None, math.inf
+        now = loop.time()
+        while self._heap and self._heap[0][0] <= now:
+            heapq.heappop(self._heap)[2]()
+        if self._heap:
+            self._arm(loop, self._heap[0][0])
