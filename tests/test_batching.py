@@ -203,3 +203,34 @@ async def test_a_batch_past_its_timeout_is_cut_off_and_frees_its_place() -> None
     assert recorder.batches == [[1], [2]]  # its place went to the next batch
     recorder.release.set()
     assert await asyncio.wait_for(queued, 1) == 20
+
+
+def test_deadlines_survive_a_change_of_event_loop() -> None:
+    # a backend used from one asyncio.run and then another: the first loop's armed timer never fires
+    deadlines = Deadlines()
+    fired: list[str] = []
+
+    async def one(name: str, after: float, wait: float) -> None:
+        deadlines.add(asyncio.get_running_loop().time() + after, lambda: fired.append(name))
+        await asyncio.sleep(wait)
+
+    asyncio.run(one("first", 0.5, 0))  # its timer, armed in a loop that is gone, never fires
+    asyncio.run(one("second", 0.6, 0.7))  # later than that timer: it needs one of its own
+    assert fired == ["second"]
+
+
+async def test_a_failing_deadline_callback_does_not_stop_the_others() -> None:
+    loop = asyncio.get_running_loop()
+    errors: list[object] = []
+    loop.set_exception_handler(lambda _, context: errors.append(context["exception"]))
+    deadlines = Deadlines()
+    fired: list[str] = []
+
+    def fail() -> None:
+        raise RuntimeError("boom")
+
+    deadlines.add(loop.time() + 0.01, fail)
+    deadlines.add(loop.time() + 0.01, lambda: fired.append("after"))
+    deadlines.add(loop.time() + 0.05, lambda: fired.append("later"))
+    await asyncio.sleep(0.1)
+    assert fired == ["after", "later"] and len(errors) == 1

@@ -28,11 +28,19 @@ class Deadlines:
         self._order = itertools.count()  # equal times: first added, first run (never compares callbacks)
         self._timer: asyncio.TimerHandle | None = None
         self._fires_at = math.inf
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def add(self, when: float, callback: Callable[[], object]) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # used from another event loop (a test's asyncio.run after another): the deadlines of the old one
+            # went with it, and its timer will never fire
+            if self._timer is not None:
+                self._timer.cancel()
+            self._heap, self._timer, self._fires_at, self._loop = [], None, math.inf, loop
         heapq.heappush(self._heap, (when, next(self._order), callback))
         if when + GRANULARITY < self._fires_at:
-            self._arm(asyncio.get_running_loop(), when)
+            self._arm(loop, when)
 
     def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
         if self._timer is not None:
@@ -44,6 +52,10 @@ class Deadlines:
         self._timer, self._fires_at = None, math.inf
         now = loop.time()
         while self._heap and self._heap[0][0] <= now:
-            heapq.heappop(self._heap)[2]()
+            callback = heapq.heappop(self._heap)[2]
+            try:
+                callback()
+            except Exception as exc:  # one failing callback must not keep the later deadlines from firing
+                loop.call_exception_handler({"message": "deadline callback failed", "exception": exc})
         if self._heap:
             self._arm(loop, self._heap[0][0])
