@@ -10,8 +10,8 @@ import redis
 
 from slidegate.backends.base import BackendUnavailable, Check
 from slidegate.backends.batching import Batcher
-from slidegate.backends.deadlines import GRANULARITY, Deadlines
-from slidegate.backends.redis import RedisBackend
+from slidegate.backends.deadlines import COMPACT_AT, GRANULARITY, Deadlines
+from slidegate.backends.redis import RedisBackend, _closed_by_redis
 from tests.redis_servers import RedisServer
 
 
@@ -165,7 +165,7 @@ async def test_deadlines_run_when_due_in_order_and_never_early() -> None:
         return lambda: ran.append((name, loop.time() - start - after))
 
     for name, after in (("late", 0.06), ("early", 0.02), ("middle", 0.04), ("early-too", 0.02)):
-        deadlines.add(start + after, record(name, after))
+        deadlines.add(start + after, record(name, after), lambda: False)
     await asyncio.sleep(0.03)
     assert [name for name, _ in ran] == ["early", "early-too"]  # an earlier deadline added later re-arms
     await asyncio.sleep(0.05)
@@ -211,7 +211,7 @@ def test_deadlines_survive_a_change_of_event_loop() -> None:
     fired: list[str] = []
 
     async def one(name: str, after: float, wait: float) -> None:
-        deadlines.add(asyncio.get_running_loop().time() + after, lambda: fired.append(name))
+        deadlines.add(asyncio.get_running_loop().time() + after, lambda: fired.append(name), lambda: False)
         await asyncio.sleep(wait)
 
     asyncio.run(one("first", 0.5, 0))  # its timer, armed in a loop that is gone, never fires
@@ -229,8 +229,47 @@ async def test_a_failing_deadline_callback_does_not_stop_the_others() -> None:
     def fail() -> None:
         raise RuntimeError("boom")
 
-    deadlines.add(loop.time() + 0.01, fail)
-    deadlines.add(loop.time() + 0.01, lambda: fired.append("after"))
-    deadlines.add(loop.time() + 0.05, lambda: fired.append("later"))
+    deadlines.add(loop.time() + 0.01, fail, lambda: False)
+    deadlines.add(loop.time() + 0.01, lambda: fired.append("after"), lambda: False)
+    deadlines.add(loop.time() + 0.05, lambda: fired.append("later"), lambda: False)
     await asyncio.sleep(0.1)
     assert fired == ["after", "later"] and len(errors) == 1
+
+
+async def test_finished_calls_do_not_pile_up_under_long_deadlines() -> None:
+    # REDIS_TIMEOUT may be up to 60 s: the entries of calls long finished must not be kept that long
+    loop = asyncio.get_running_loop()
+    deadlines = Deadlines()
+    finished = loop.create_future()
+    finished.set_result(None)
+    live = loop.create_future()
+    deadlines.add(loop.time() + 60, lambda: live.set_result("expired"), live.done)
+    for _ in range(5 * COMPACT_AT):
+        deadlines.add(loop.time() + 60, lambda: None, finished.done)
+    assert len(deadlines._heap) <= COMPACT_AT
+    deadlines.add(loop.time() + 0.01, lambda: None, finished.done)
+    deadlines.add(loop.time() + 0.02, lambda: live.set_result("due"), live.done)
+    assert await asyncio.wait_for(live, 1) == "due"
+
+
+def test_a_backend_used_from_one_event_loop_then_another(redis_url: str, key_prefix: str) -> None:
+    # the in-process modes may run calls on several loops: connections and deadlines of a loop that is gone
+    # must not be used (a bare RuntimeError, or deadlines that never fire)
+    backend = RedisBackend(redis_url, timeout=1)
+
+    async def one() -> int:
+        [outcome] = (await backend.decide([Check(f"{key_prefix}loops", 100, 60_000_000, 1)])).outcomes
+        return outcome.remaining
+
+    assert [asyncio.run(one()) for _ in range(3)] == [99, 98, 97]
+    asyncio.run(backend.close())
+
+
+async def test_a_live_idle_connection_is_seen_as_open(redis_url: str, key_prefix: str) -> None:
+    # the check reads redis-py's stream reader: were it renamed, every call would quietly reconnect
+    backend = RedisBackend(redis_url, timeout=1)
+    try:
+        await backend.decide([Check(f"{key_prefix}open", 100, 60_000_000, 1)])
+        assert backend._idle and not any(_closed_by_redis(c) for c in backend._idle)
+    finally:
+        await backend.close()

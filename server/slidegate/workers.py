@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import logging
 import multiprocessing
@@ -56,6 +57,8 @@ def check_ports_free(settings: Settings) -> None:
                 try:
                     probe.bind(address)
                 except OSError as exc:
+                    if exc.errno == errno.EADDRNOTAVAIL:
+                        continue  # (::1 where IPv6 is off) the servers skip such an address too
                     raise OSError(f"cannot listen for {name} on {host}:{port}: {exc.strerror}") from exc
 
 

@@ -45,7 +45,7 @@ class Batcher(Generic[Item, Result]):
         if deadline is not None:
             if deadline <= loop.time():
                 raise TimeoutError
-            self._deadlines.add(deadline, partial(_expire, future))
+            self._deadlines.add(deadline, partial(_expire, future), future.done)
         self._waiting.append((item, future))
         if self._in_flight < self._max_in_flight:
             self._flush()
@@ -62,7 +62,7 @@ class Batcher(Generic[Item, Result]):
             self._tasks.add(task)  # the loop keeps only weak references to tasks
             task.add_done_callback(self._tasks.discard)
             if self._batch_timeout is not None:
-                self._deadlines.add(loop.time() + self._batch_timeout, partial(_cut_off, task, expired))
+                self._deadlines.add(loop.time() + self._batch_timeout, partial(_cut_off, task, expired), task.done)
 
     async def _run(self, batch: list[tuple[Item, asyncio.Future[Result]]], expired: list[bool]) -> None:
         try:

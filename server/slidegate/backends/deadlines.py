@@ -15,22 +15,25 @@ import itertools
 import math
 from collections.abc import Callable
 
-GRANULARITY = 0.002  # seconds a callback may run late: deadlines this close together share one timer
+GRANULARITY = 0.002  # seconds deadlines this close together share one timer (plus the loop's own ~1 ms rounding)
+COMPACT_AT = 4096  # entries: above this (and twice the live ones last seen), finished ones are dropped
 
 
 class Deadlines:
-    """Runs each ``add``-ed callback in the loop once its time (``loop.time()`` seconds) has passed, at most
-    GRANULARITY seconds late. A callback whose work is already done must do nothing (entries are not removed
-    when their call ends: they are dropped when due)."""
+    """Runs each ``add``-ed callback in the loop once its time (``loop.time()`` seconds) has passed, a few ms
+    late at most (GRANULARITY and the loop's own timer rounding: 2 to 4 ms measured), unless ``done()`` says
+    its work is over. Entries are not removed when their call ends: they are dropped when due, or when the
+    heap holds COMPACT_AT entries and twice the live ones it held after the last such sweep."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Callable[[], object]]] = []
+        self._heap: list[tuple[float, int, Callable[[], object], Callable[[], bool]]] = []
+        self._compact_at = COMPACT_AT
         self._order = itertools.count()  # equal times: first added, first run (never compares callbacks)
         self._timer: asyncio.TimerHandle | None = None
         self._fires_at = math.inf
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def add(self, when: float, callback: Callable[[], object]) -> None:
+    def add(self, when: float, callback: Callable[[], object], done: Callable[[], bool]) -> None:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             # used from another event loop (a test's asyncio.run after another): the deadlines of the old one
@@ -38,7 +41,11 @@ class Deadlines:
             if self._timer is not None:
                 self._timer.cancel()
             self._heap, self._timer, self._fires_at, self._loop = [], None, math.inf, loop
-        heapq.heappush(self._heap, (when, next(self._order), callback))
+        if len(self._heap) >= self._compact_at:
+            self._heap = [entry for entry in self._heap if not entry[3]()]
+            heapq.heapify(self._heap)
+            self._compact_at = max(COMPACT_AT, 2 * len(self._heap))
+        heapq.heappush(self._heap, (when, next(self._order), callback, done))
         if when + GRANULARITY < self._fires_at:
             self._arm(loop, when)
 
@@ -52,7 +59,9 @@ class Deadlines:
         self._timer, self._fires_at = None, math.inf
         now = loop.time()
         while self._heap and self._heap[0][0] <= now:
-            callback = heapq.heappop(self._heap)[2]
+            _, _, callback, done = heapq.heappop(self._heap)
+            if done():
+                continue
             try:
                 callback()
             except Exception as exc:  # one failing callback must not keep the later deadlines from firing

@@ -60,6 +60,7 @@ class RedisBackend:
         if self._topology.type == "single" and not isinstance(self._client, RedisCluster):
             self._pool = self._client.connection_pool
         self._idle: list[AbstractConnection] = []
+        self._idle_loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         # a cluster's requests span slots: only one Redis (or Sentinel's master) takes batches of requests
         # (a batch's own bound: it outlives the callers that gave up on it, and a Redis that stopped answering
@@ -159,6 +160,8 @@ class RedisBackend:
         # Batches are at most two at a time (each runs to its end, whoever waits for it), so two connections do;
         # talking to them directly skips the pool, retry and observability layers of execute_command, a third
         # of a call's cost.
+        if self._idle and self._idle_loop is not asyncio.get_running_loop():
+            self._idle = []  # made on an event loop that is gone (asyncio.run after another): unusable here
         connection = self._idle.pop() if self._idle else None
         while connection is not None and _closed_by_redis(connection):
             await connection.disconnect(nowait=True)  # after a Redis restart or CLIENT KILL: it would fail a batch
@@ -184,6 +187,7 @@ class RedisBackend:
             await connection.disconnect()
         else:
             self._idle.append(connection)
+            self._idle_loop = asyncio.get_running_loop()
 
     async def ping(self) -> None:
         """Raise BackendUnavailable unless Redis (on a cluster: every master) answers PING in time."""
@@ -199,6 +203,8 @@ class RedisBackend:
 
     async def close(self) -> None:
         self._closed = True  # a call still running closes its connection itself
+        if self._idle_loop is not asyncio.get_running_loop():
+            self._idle = []  # their loop is gone, and their sockets with it
         for connection in self._idle:
             await connection.disconnect()
         self._idle.clear()
