@@ -28,7 +28,8 @@ OK = rls_pb2.RateLimitResponse(overall_code=rls_pb2.RateLimitResponse.OK)
 
 
 class BareRedis(asyncio.Protocol):
-    """Commands written at once, replies resolved in order (no error handling: a benchmark reference)."""
+    """Commands written at once, replies resolved in order; an error reply fails its call (a benchmark
+    reference: no AUTH, no SELECT, no reconnection)."""
 
     def __init__(self) -> None:
         self.reader = hiredis.Reader()
@@ -41,7 +42,11 @@ class BareRedis(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)
         while (reply := self.reader.gets()) is not False:
-            self.waiting.popleft().set_result(reply)
+            future = self.waiting.popleft()
+            if isinstance(reply, hiredis.ReplyError):  # (say NOAUTH: a password in REDIS_URL is not sent)
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
 
     def call(self, packed: bytes) -> asyncio.Future[Any]:
         future = asyncio.get_running_loop().create_future()
