@@ -44,9 +44,10 @@ def _bool(text: str) -> bool:
 def _whole(text: str) -> int:
     if not re.fullmatch(r"\s*-?\d+\s*", text):
         raise ValueError(f"{text!r} is not a whole number")
-    if int(text) < 0:
-        raise ValueError(f"{int(text)} is negative")
-    return int(text)
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"{value} is negative")
+    return value
 
 
 def _port(text: str) -> int:

@@ -36,33 +36,33 @@ class Batcher(Generic[Item, Result]):
         self._tasks: set[asyncio.Task[None]] = set()
         self._deadlines = Deadlines()
 
-    async def submit(self, item: Item, deadline: float | None = None) -> Result:
-        """``item``'s result, or the exception its batch raised; TimeoutError once ``deadline`` (the loop's
-        time, seconds) has passed. A caller that stops waiting (cancelled, timed out) before its batch leaves
-        is not sent at all; once sent, its batch runs to the end (or to ``batch_timeout``)."""
+    async def submit(self, item: Item, timeout: float | None = None) -> Result:
+        """``item``'s result, or the exception its batch raised; TimeoutError once ``timeout`` seconds have
+        passed. A caller that stops waiting (cancelled, timed out) before its batch leaves is not sent at all;
+        once sent, its batch runs to the end (or to ``batch_timeout``)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
-        if deadline is not None:
-            if deadline <= loop.time():
+        if timeout is not None:
+            if timeout <= 0:
                 raise TimeoutError
-            self._deadlines.add(deadline, partial(_expire, future), future.done)
+            self._deadlines.add(loop, loop.time() + timeout, partial(_expire, future), future.done)
         self._waiting.append((item, future))
         if self._in_flight < self._max_in_flight:
-            self._flush()
+            self._flush(loop)
         return await future
 
-    def _flush(self) -> None:
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         batch = [(item, future) for item, future in self._waiting if not future.done()]
         self._waiting = []
         if batch:
             self._in_flight += 1
-            loop = asyncio.get_running_loop()
             expired: list[bool] = []
             task = loop.create_task(self._run(batch, expired))
             self._tasks.add(task)  # the loop keeps only weak references to tasks
             task.add_done_callback(self._tasks.discard)
             if self._batch_timeout is not None:
-                self._deadlines.add(loop.time() + self._batch_timeout, partial(_cut_off, task, expired), task.done)
+                self._deadlines.add(loop, loop.time() + self._batch_timeout, partial(_cut_off, task, expired),
+                                    task.done)
 
     async def _run(self, batch: list[tuple[Item, asyncio.Future[Result]]], expired: list[bool]) -> None:
         try:
@@ -85,7 +85,7 @@ class Batcher(Generic[Item, Result]):
         finally:
             self._in_flight -= 1
             if self._waiting:
-                self._flush()
+                self._flush(asyncio.get_running_loop())
 
 
 def _expire(future: asyncio.Future[Result]) -> None:

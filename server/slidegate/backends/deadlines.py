@@ -33,8 +33,9 @@ class Deadlines:
         self._fires_at = math.inf
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def add(self, when: float, callback: Callable[[], object], done: Callable[[], bool]) -> None:
-        loop = asyncio.get_running_loop()
+    def add(self, loop: asyncio.AbstractEventLoop, when: float, callback: Callable[[], object],
+            done: Callable[[], bool]) -> None:
+        """Run ``callback`` in ``loop`` (the running one) at ``when`` unless ``done()`` by then."""
         if loop is not self._loop:
             # used from another event loop (a test's asyncio.run after another): the deadlines of the old one
             # went with it, and its timer will never fire

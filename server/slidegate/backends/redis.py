@@ -85,7 +85,7 @@ class RedisBackend:
         bound = timeout if timeout is not None and caller_first else self._timeout
         try:
             if self._router is None:
-                return await self._batcher.submit((checks, clock), asyncio.get_running_loop().time() + bound)
+                return await self._batcher.submit((checks, clock), bound)
             async with asyncio.timeout(bound):
                 groups = self._groups(checks)
                 if len(groups) == 1:
@@ -160,7 +160,8 @@ class RedisBackend:
         # Batches are at most two at a time (each runs to its end, whoever waits for it), so two connections do;
         # talking to them directly skips the pool, retry and observability layers of execute_command, a third
         # of a call's cost.
-        if self._idle and self._idle_loop is not asyncio.get_running_loop():
+        loop = asyncio.get_running_loop()
+        if self._idle and self._idle_loop is not loop:
             self._idle = []  # made on an event loop that is gone (asyncio.run after another): unusable here
         connection = self._idle.pop() if self._idle else None
         while connection is not None and _closed_by_redis(connection):
@@ -173,21 +174,21 @@ class RedisBackend:
             await connection.send_packed_command(_pack(command), check_health=False)
             reply = await connection.read_response()
         except ResponseError:
-            await self._release(connection)  # an error reply (NOSCRIPT): the connection is in step
+            await self._release(connection, loop)  # an error reply (NOSCRIPT): the connection is in step
             raise
         except BaseException:
             # cut off or broken mid-call: a late reply must never be read as the next call's
             await connection.disconnect(nowait=True)
             raise
-        await self._release(connection)
+        await self._release(connection, loop)
         return reply
 
-    async def _release(self, connection: AbstractConnection) -> None:
+    async def _release(self, connection: AbstractConnection, loop: asyncio.AbstractEventLoop) -> None:
         if self._closed:
             await connection.disconnect()
         else:
             self._idle.append(connection)
-            self._idle_loop = asyncio.get_running_loop()
+            self._idle_loop = loop
 
     async def ping(self) -> None:
         """Raise BackendUnavailable unless Redis (on a cluster: every master) answers PING in time."""
