@@ -100,3 +100,19 @@ async def test_hits_counted_since_a_rejection_push_its_retry_time_back(
         assert again.over and again.reset_us == truth.reset_us == 36_500_000  # now 4.87 tokens short
     finally:
         await redis.close()
+
+
+async def test_hits_given_back_make_room_at_once(
+        write_config: Callable[..., Path], redis_url: str, key_prefix: str, clock: Clock) -> None:
+    config = load_directory(write_config(config_text(4)))
+    backend = OverLimitCache(RedisBackend(redis_url, timeout=1))
+    limiter = Limiter(lambda: config, backend, LimiterOptions(key_prefix=key_prefix), clock=clock)
+    try:
+        assert not (await limiter.should_rate_limit("c", [d("k", hits=4)]))[0].over
+        assert (await limiter.should_rate_limit("c", [d("k")]))[0].over  # remembered as over
+        give = Descriptor((("k", "v"),), hits_addend=2, negative=True)
+        assert (await limiter.should_rate_limit("c", [give]))[0].remaining == 2
+        [after] = await limiter.should_rate_limit("c", [d("k")])
+        assert (after.over, after.remaining) == (False, 1)
+    finally:
+        await backend.close()

@@ -9,10 +9,10 @@ is what keeps an attack on one hot key from costing a Redis round trip per reque
 Only rejections are cached, never an OK. A request is answered here only when every one of its limits is
 cached as over (a request that also names a limit with room must still learn that limit's remaining hits from
 the storage); shadow limits, check-only or give-back requests, a different number of hits (whose retry time
-differs) and requests naming one limit twice always go to the storage. One caveat: hits
-given back (``is_negative_hits``) by another request or replica can make room before the cached time, which
-this cache learns only when it expires; hits counted by another replica make the cached retry time early
-(this process forgets it when it counts hits on that limit itself).
+differs) and requests naming one limit twice always go to the storage. Hits counted or
+given back (``is_negative_hits``) on a limit through this process forget its remembered rejection. One
+caveat: hits given back through another replica can make room before the cached time, which this cache
+learns only when it expires, and hits counted by another replica make the cached retry time early.
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ class OverLimitCache:
         decision = await self._backend.decide(checks, now_us, timeout)
         for c, outcome in zip(checks, decision.outcomes, strict=True):
             if not outcome.over:
-                if self._blocked and c.hits > 0:
-                    # hits may have been counted: a request over for another number of hits now fits later
-                    # than the time remembered for it
+                if self._blocked and c.hits != 0:
+                    # hits counted push a remembered rejection's retry time back; hits given back may make
+                    # room at once
                     self._blocked.pop(_identity(c), None)
                 continue
             # more hits than the limit can ever hold are over for good, and reported with a fixed reset
