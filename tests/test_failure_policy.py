@@ -17,6 +17,8 @@ from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded
 from slidegate.backends.breaker import CircuitBreaker
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import ConfigError, LoadOptions, load_directory
+from slidegate.limiter import Descriptor, Limiter, LimiterOptions
+from slidegate.service import RateLimitService
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
 from tests.redis_servers import RedisServer
 from tests.served import Served, wait_for
@@ -146,3 +148,21 @@ def test_health_serves_without_redis_when_a_failure_mode_answers(
     assert wait_for(lambda: "health: the storage does not answer" in served.output(), timeout=10)
     assert served.http("/healthcheck") == (200, "OK")
     assert served.stub().ShouldRateLimit(request("f", descriptor(("k", "v")))).overall_code == OK
+
+
+async def test_a_call_past_its_deadline_is_neither_degraded_nor_a_storage_error(
+        write_config: Callable[..., Path], private_redis: RedisServer) -> None:
+    config = load_directory(write_config(CONFIG))
+    backend = RedisBackend(private_redis.url, timeout=2.0)
+    service = RateLimitService(Limiter(lambda: config, backend, LimiterOptions(failure_mode="allow")))
+    descriptors = [Descriptor((("k", "v"),))]
+    await service.decide("f", descriptors, 0)
+    assert private_redis.process is not None
+    private_redis.process.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(DeadlineExceeded):  # not answered OK by the failure mode: the caller has gone
+            await service.decide("f", descriptors, 0, timeout=0.02)
+    finally:
+        private_redis.process.send_signal(signal.SIGCONT)
+    assert service.metrics.registry.get_sample_value("ratelimit_storage_errors_total") == 0
+    await backend.close()

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from slidegate.algorithms import Algorithm, token_bucket_is_exact
-from slidegate.backends.base import Backend, BackendUnavailable, Check, Decision, Outcome
+from slidegate.backends.base import Backend, BackendUnavailable, Check, DeadlineExceeded, Decision, Outcome
 from slidegate.config.loader import MAX_WINDOW_SECONDS
 from slidegate.config.model import Config, DescriptorNode, RateLimit
 from slidegate.keys import limit_key
@@ -192,7 +192,8 @@ class Limiter:
 
     async def decide(self, plan: Plan, timeout: float | None = None) -> list[Status]:
         """One Status per descriptor of ``plan``, in order; ``timeout`` (seconds) bounds the backend call.
-        Raises BackendUnavailable when the backend cannot decide and the failure mode is ``error``."""
+        Raises BackendUnavailable when the backend cannot decide and the failure mode is ``error``, and
+        DeadlineExceeded (whatever the failure mode) when ``timeout`` ran out first."""
         statuses = list(plan.statuses)
         if not plan.checks:
             return statuses
@@ -200,6 +201,8 @@ class Limiter:
         degraded = None
         try:
             decision = await self._backend.decide(plan.checks, now, timeout)
+        except DeadlineExceeded:
+            raise  # the caller has gone: no failure mode answers it, and the storage may be fine
         except BackendUnavailable:
             degraded = plan.config.domains[plan.domain].failure_mode or self._options.failure_mode
             if degraded == "error":

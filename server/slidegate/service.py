@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate._proto.slidegate.wire.v1 import lenient_pb2
-from slidegate.backends.base import BackendUnavailable
+from slidegate.backends.base import BackendUnavailable, DeadlineExceeded
 from slidegate.headers import rate_limit_headers
 from slidegate.limiter import Descriptor, InvalidOverride, Limiter, Override, Plan, Status
 from slidegate.metrics import LimitCounters, Metrics
@@ -205,6 +205,8 @@ class RateLimitService:
         try:
             # answer within the caller's deadline (Envoy sends its filter timeout as the gRPC deadline)
             return await self.answer(prepared, context.time_remaining())
+        except DeadlineExceeded:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline ran out")
         except BackendUnavailable:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "rate limit storage unavailable")
 
@@ -247,10 +249,12 @@ class RateLimitService:
 
     async def answer(self, prepared: Prepared, timeout: float | None = None) -> rls_pb2.RateLimitResponse:
         """Decide ``prepared`` within ``timeout`` seconds, count it in the metrics and build the response.
-        Raises BackendUnavailable."""
+        Raises BackendUnavailable, and DeadlineExceeded when ``timeout`` ran out first."""
         started = time.perf_counter()
         try:
             statuses = await self._limiter.decide(prepared.plan, timeout)
+        except DeadlineExceeded:
+            raise  # the caller's own deadline: not a storage failure
         except BackendUnavailable as exc:
             self.metrics.storage_errors.inc()
             self._log_failure(exc)
