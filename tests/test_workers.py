@@ -140,7 +140,9 @@ def test_two_started_at_once_on_the_same_ports_one_is_refused(write_config: Call
     command = [sys.executable, "-m", "slidegate", "serve", "--config", str(write_config(CONFIG)), "--workers", "2",
                "--host", "127.0.0.1", "--grpc-port", ports[0], "--http-host", "127.0.0.1", "--http-port", ports[1],
                "--debug-host", "127.0.0.1", "--debug-port", ports[2], "--redis-url", redis_url]
-    both = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    # the second spells the same addresses another way
+    other = [("0.0.0.0" if arg == "127.0.0.1" else arg) for arg in command]
+    both = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in (command, other)]
     try:
         assert wait_for(lambda: any(p.poll() is not None for p in both), timeout=15)
         [refused] = [p for p in both if p.poll() is not None]

@@ -25,7 +25,6 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
-import re
 import shutil
 import signal
 import socket
@@ -63,13 +62,14 @@ def check_ports_free(settings: Settings) -> None:
 
 
 def lock_ports(settings: Settings) -> list[int]:
-    """Lock files (in the temporary directory, one per address) held for the parent's life, so that a second
+    """Lock files (in the temporary directory, one per port) held for the parent's life, so that a second
     `serve --workers` on the same ports is refused even when both start at once: the port check alone would
     pass for both, since workers bind a moment later and share the ports with each other. Returns the open
     file descriptors; raises OSError naming the address another slidegate holds."""
     held: list[int] = []
     for name, host, port in _addresses(settings):
-        path = Path(tempfile.gettempdir()) / f"slidegate-{re.sub(r'[^0-9A-Za-z.]', '_', host)}-{port}.lock"
+        # by port alone: two spellings of one address (0.0.0.0 and 127.0.0.1, localhost) must meet here
+        path = Path(tempfile.gettempdir()) / f"slidegate-port-{port}.lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
