@@ -9,11 +9,16 @@
 --   0 when requests_per_unit is 0: the bucket never refills).
 -- Key: a hash {t = ticks in the bucket, u = microsecond of the last update}; no key means a full bucket.
 -- Over limit when the bucket holds fewer than hits * W ticks. remaining = whole tokens left.
--- Reset within limit: time until the bucket is full again; over limit: time until hits tokens are there
--- (the time until full when hits > burst, which never fit).
+-- Reset within limit: time until the bucket is full again; over limit: time until hits tokens are there.
+-- Hits that never fit (more than burst) are told the time the bucket takes to fill from empty (one window
+-- with the default burst), a bucket that never refills (requests_per_unit 0) the key's lifetime, a year:
+-- never 0, which would send a client straight back.
 -- Negative hits put tokens back, up to the capacity.
 
 -- ceil(a / b) for whole a, b below 2^53: the double quotient is off by at most one either way
+-- a bucket that never refills lives this long (microseconds)
+local NEVER_US = 31536000000000
+
 local function ceil_div(a, b)
   local q = math.floor(a / b)
   if q * b < a then q = q + 1 elseif q > 0 and (q - 1) * b >= a then q = q - 1 end
@@ -56,8 +61,10 @@ algorithms.token_bucket = {
     local need = hits * st.per_token
     if need > st.ticks then
       local over_reset
-      if need > st.capacity or st.per_us == 0 then
-        over_reset = until_full()
+      if st.per_us == 0 then
+        over_reset = NEVER_US
+      elseif need > st.capacity then
+        over_reset = ceil_div(st.capacity, st.per_us)
       else
         over_reset = ceil_div(need - st.ticks, st.per_us)
       end
@@ -76,7 +83,7 @@ algorithms.token_bucket = {
     if st.per_us > 0 then
       pexpire_us(st.key, ceil_div(st.capacity - st.ticks, st.per_us))
     else
-      pexpire_us(st.key, 31536000000000)  -- never refills: keep it a year
+      pexpire_us(st.key, NEVER_US)
     end
   end,
 }

@@ -117,8 +117,10 @@ class Model:
         burst = c.limit if c.burst is None else c.burst
         if h <= tokens:
             return None
-        if h > burst or c.limit == 0:
-            return self._view(c, now)[1]
+        if c.limit == 0:
+            return 31_536_000_000_000  # never refills: a year, the key's lifetime
+        if h > burst:
+            return math.ceil(Fraction(burst * c.window, c.limit))  # never fits: the time to fill from empty
         return math.ceil((h - tokens) * c.window / c.limit)
 
     def _apply(self, c: Check, now: int) -> None:

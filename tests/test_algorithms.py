@@ -83,6 +83,21 @@ async def test_zero_limit_is_always_over(backend: Backend, key_prefix: str, algo
         assert (over, remaining) == (True, 0)
 
 
+@pytest.mark.parametrize(("algorithm", "zero_limit", "too_many"), [
+    (LOG, WINDOW, WINDOW),
+    (COUNTER, WINDOW, WINDOW),
+    # a bucket that never refills never fits: a year; 4 hits never fit a full bucket of 3: the time it
+    # takes to fill from empty, one window
+    (BUCKET, 31_536_000 * S, WINDOW),
+    (FIXED, WINDOW - S, WINDOW - S),  # the window's end
+])
+async def test_what_never_fits_is_never_told_to_retry_now(
+    backend: Backend, key_prefix: str, algorithm: Algorithm, zero_limit: int, too_many: int
+) -> None:
+    assert (await Limit(backend, algorithm, f"{key_prefix}zero", limit=0).hit(1.0))[2] == zero_limit
+    assert await Limit(backend, algorithm, f"{key_prefix}full").hit(1.0, hits=4) == (True, 0, too_many)
+
+
 @pytest.mark.parametrize("algorithm", ALL)
 async def test_check_only_consumes_nothing(backend: Backend, key_prefix: str, algorithm: Algorithm) -> None:
     limit = Limit(backend, algorithm, f"{key_prefix}check")

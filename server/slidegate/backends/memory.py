@@ -237,6 +237,9 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+NEVER_US = 31_536_000_000_000  # a year: the lifetime of a bucket that never refills, as lua/token_bucket.lua
+
+
 @dataclass
 class _Bucket:
     """token_bucket: ticks in the bucket (see algorithms.token_bucket_ticks); no key means full."""
@@ -275,8 +278,10 @@ class _Bucket:
             return False, rem_before, reset_before, self.ticks // self.per_token, self._until_full(), 0
         need = hits * self.per_token
         if need > self.ticks:
-            if need > self.capacity or self.per_us == 0:
-                over_reset = self._until_full()
+            if self.per_us == 0:
+                over_reset = NEVER_US  # never refills: never fits (as lua/token_bucket.lua)
+            elif need > self.capacity:
+                over_reset = _ceil_div(self.capacity, self.per_us)  # never fits: the time to fill from empty
             else:
                 over_reset = _ceil_div(need - self.ticks, self.per_us)
             return True, rem_before, reset_before, 0, 0, over_reset
@@ -287,7 +292,7 @@ class _Bucket:
         if self.ticks >= self.capacity:
             store.delete(self.key)
             return
-        ttl = _ceil_div(self.capacity - self.ticks, self.per_us) if self.per_us else 31_536_000_000_000
+        ttl = _ceil_div(self.capacity - self.ticks, self.per_us) if self.per_us else NEVER_US
         store.set(self.key, (self.ticks, self.updated), now, ttl)
 
 
