@@ -1,5 +1,10 @@
 """Property tests: random traffic, hits and clock steps; every backend must agree with the reference model
-(tests/models.py) decision by decision, for every algorithm."""
+(tests/models.py) decision by decision, for every algorithm.
+
+The clock is injected while Redis expires keys on its own clock: a key written 1 us before its window ends gets
+a 1 ms TTL, and a next step at the same injected time a few ms of real time later would find it gone. So each
+step keeps the trace's keys alive for the test (PEXPIRE GT): the model never forgets either, no algorithm's
+answer rests on a key expiring, and test_algorithms checks the TTLs the scripts set."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import uuid
 
 import pytest
 import redis
+import redis.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -62,6 +68,7 @@ def test_backend_agrees_with_model(
             backend = OverLimitCache(backend)
         model = Model()
         now = 1_700_000_000_000_000
+        keeper = redis.asyncio.Redis.from_url(redis_url)
         try:
             for clock_step, picks in trace:
                 now += clock_step
@@ -71,6 +78,9 @@ def test_backend_agrees_with_model(
                     for i, hits, shadow in picks
                 ]
                 decision = await backend.decide(checks, now)
+                if backend_name != "memory":
+                    for c in checks:
+                        await keeper.pexpire(c.key, 600_000, gt=True)
                 admitted, expected = model.decide(now, [
                     ModelCheck(c.key, algorithm.value, c.limit, c.window_us, c.hits, c.burst, c.stop_when_over,
                                c.shadow)
@@ -80,6 +90,7 @@ def test_backend_agrees_with_model(
                 assert (decision.admitted, got) == (admitted, [(e.over, e.remaining, e.reset_us) for e in expected])
         finally:
             await backend.close()
+            await keeper.aclose()
 
     try:
         asyncio.run(run())
