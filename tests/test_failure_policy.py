@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
 from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded
 from slidegate.backends.breaker import CircuitBreaker
 from slidegate.backends.redis import RedisBackend
@@ -166,3 +167,31 @@ async def test_a_call_past_its_deadline_is_neither_degraded_nor_a_storage_error(
         private_redis.process.send_signal(signal.SIGCONT)
     assert service.metrics.registry.get_sample_value("ratelimit_storage_errors_total") == 0
     await backend.close()
+
+
+async def test_calls_outliving_their_deadline_end_without_a_grpc_error_log(
+        write_config: Callable[..., Path], serve: Callable[..., Served], private_redis: RedisServer) -> None:
+    # the service's own deadline and gRPC's end of the call race; sending a status after gRPC ended the call
+    # made gRPC log an ExecuteBatchError traceback (about 1 call in 70 here)
+    served = serve(write_config(CONFIG), url=private_redis.url)
+    assert private_redis.process is not None
+    private_redis.process.send_signal(signal.SIGSTOP)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{served.grpc_port}")
+    stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+
+    async def call(i: int) -> grpc.StatusCode:
+        await asyncio.sleep(i / 2000)  # spread over a second: the race needs a loop that is not saturated
+        try:
+            await stub.ShouldRateLimit(request("f", descriptor(("k", "v"))), timeout=0.002 + 0.0001 * (i % 280))
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+        return grpc.StatusCode.OK
+
+    try:
+        codes = await asyncio.gather(*(call(i) for i in range(2000)))
+        await asyncio.sleep(0.2)
+    finally:
+        private_redis.process.send_signal(signal.SIGCONT)
+        await channel.close(None)
+    assert set(codes) == {grpc.StatusCode.DEADLINE_EXCEEDED}
+    assert "Traceback" not in served.output()

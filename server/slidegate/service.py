@@ -9,6 +9,7 @@ instead of failing the call; such bytes are kept as surrogate escapes, one chara
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -206,6 +207,11 @@ class RateLimitService:
             # answer within the caller's deadline (Envoy sends its filter timeout as the gRPC deadline)
             return await self.answer(prepared, context.time_remaining())
         except DeadlineExceeded:
+            remaining = context.time_remaining()
+            if remaining is not None and remaining <= 0:
+                # gRPC ends a call at its deadline itself (DEADLINE_EXCEEDED) and cancels this task; a status
+                # sent here races that end and gRPC logs the lost race as an ExecuteBatchError traceback
+                raise asyncio.CancelledError from None
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline ran out")
         except BackendUnavailable:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "rate limit storage unavailable")
