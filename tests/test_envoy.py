@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import struct
 import subprocess
 import time
 import urllib.error
@@ -134,3 +136,20 @@ def test_tightened_limit_applies_within_a_second_without_failed_requests(
     first_429 = min(t for t, status in results if status == 429)
     assert 0 < first_429 - changed_at < 1.0
     assert all(status == 429 for t, status in results if t > first_429)
+
+
+def test_the_upstream_takes_a_reset_connection_quietly(capfd: pytest.CaptureFixture[str]) -> None:
+    server = upstream.start()
+    try:
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=5) as sock:
+                sock.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n")  # headers not finished: the server is reading
+                time.sleep(0.005)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with RST
+        status, _ = get(server.server_address[1])
+        time.sleep(0.05)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert status == 200
+    assert "Traceback" not in capfd.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -25,11 +26,19 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # Envoy resets idle or cancelled upstream connections: routine, not worth a traceback in the demo
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
 def start(host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
     """Start the upstream in a daemon thread; ``server.server_address[1]`` is the port. Stop with
     ``shutdown()``."""
-    server = ThreadingHTTPServer((host, port), _Handler)
-    server.daemon_threads = True
+    server = _Server((host, port), _Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -39,7 +48,7 @@ def main() -> None:
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8080)
     opts = parser.parse_args()
-    ThreadingHTTPServer((opts.host, opts.port), _Handler).serve_forever()
+    _Server((opts.host, opts.port), _Handler).serve_forever()
 
 
 if __name__ == "__main__":
