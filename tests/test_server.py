@@ -43,8 +43,9 @@ def serve(config_dir: Path, *args: str, env: dict[str, str] | None = None, timeo
     (("--redis-url", "redis://127.0.0.1:99999/0"),
      "--redis-url / REDIS_URL: Redis URL 'redis://127.0.0.1:99999/0': Port out of range"),
     (("--redis-url", "redis://:s3cret@127.0.0.1:99999/0"), "Redis URL 'redis://:***@127.0.0.1:99999/0'"),
-    (("--redis-timeout", "0"), "--redis-timeout / REDIS_TIMEOUT (from the flag): '0' must be more than 0 and "
+    (("--redis-timeout", "0"), "--redis-timeout / REDIS_TIMEOUT (from the flag): '0' must be at least 1 ms and "
                                "at most 60 s"),
+    (("--redis-timeout", "1us"), "'1us' must be at least 1 ms and at most 60 s"),
     (("--redis-timeout", "soon"), "invalid duration 'soon' (use e.g. 250ms or 0.25s)"),
     (("--grpc-port", "abc"), "--grpc-port / GRPC_PORT (from the flag): 'abc' is not a whole number"),
     (("--workers", "-1"), "--workers / WORKERS (from the flag): -1 is negative"),
