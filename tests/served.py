@@ -55,10 +55,11 @@ class Starter:
         self.started: list[Served] = []
 
     def start(self, config_dir: Path | None, *args: str, url: str | None = None, wait: bool = True,
-              env: dict[str, str] | None = None) -> Served:
-        """Start one; ``wait`` for its gRPC health to say SERVING (plaintext servers only)."""
+              env: dict[str, str] | None = None, log_path: Path | None = None) -> Served:
+        """Start one; ``wait`` for its gRPC health to say SERVING (plaintext servers only); its log goes to
+        ``log_path`` when given."""
         grpc_port, http_port, debug_port = stack.free_port(), stack.free_port(), stack.free_port()
-        log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop_all
+        log = log_path.open("w+b") if log_path else tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop_all
         where = ["--config", str(config_dir)] if config_dir is not None else []  # None: RUNTIME_* decide
         cmd = [sys.executable, "-m", "slidegate", "serve", *where, "--host", "127.0.0.1",
                "--grpc-port", str(grpc_port), "--http-host", "127.0.0.1", "--http-port", str(http_port),

@@ -184,6 +184,21 @@ def test_response_headers(write_config: Callable[..., Path], serve: Callable[...
     assert headers["RateLimit-Remaining"] == "0" and 58 <= int(headers["Retry-After"]) <= 60
 
 
+def test_debug_logs_written_beside_the_config_stay_quiet(write_config: Callable[..., Path],
+                                                        serve: Callable[..., Served]) -> None:
+    # the config directory's parent is watched (RUNTIME_WATCH_ROOT): a log file there is a change too, and the
+    # watcher's own debug line about it was another one, without end
+    directory = write_config(CONFIG)
+    log_path = directory.parent / "slidegate.log"
+    served = serve(directory, "--log-level", "debug", log_path=log_path)
+    served.stub().ShouldRateLimit(request("p", descriptor(("user", "quiet"))))
+    time.sleep(1.0)
+    size = log_path.stat().st_size
+    time.sleep(1.0)
+    assert log_path.stat().st_size == size
+    assert "decision " in served.output() and "watchfiles" not in served.output()
+
+
 def test_reflection_json_logs_and_the_client_command(write_config: Callable[..., Path],
                                                      serve: Callable[..., Served]) -> None:
     served = serve(write_config(CONFIG), "--log-format", "json", "--log-level", "debug")

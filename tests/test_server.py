@@ -39,7 +39,7 @@ def serve(config_dir: Path, *args: str, env: dict[str, str] | None = None, timeo
 @pytest.mark.parametrize(("args", "message"), [
     (("--redis-url", "foo://x"),
      "--redis-url / REDIS_URL: Redis URL 'foo://x' must start with redis://, rediss:// or unix://"),
-    (("--redis-url", "127.0.0.1:6379"), "must start with redis://, rediss:// or unix://"),
+    (("--redis-url", "localhost:99999"), "Redis URL 'redis://localhost:99999': Port out of range"),
     (("--redis-url", "redis://127.0.0.1:99999/0"),
      "--redis-url / REDIS_URL: Redis URL 'redis://127.0.0.1:99999/0': Port out of range"),
     (("--redis-url", "redis://:s3cret@127.0.0.1:99999/0"), "Redis URL 'redis://:***@127.0.0.1:99999/0'"),
@@ -106,6 +106,19 @@ def test_defaults_and_precedence() -> None:
         "  --log-format / LOG_FORMAT (from the environment): 'xml' is not one of text, json",
         "  --near-limit-ratio / NEAR_LIMIT_RATIO (from the environment): 2.0 must be more than 0 and at most 1",
     ]
+
+
+def test_envoyproxy_ratelimit_values_carry_over() -> None:
+    # its REDIS_URL is host:port (or a socket path with REDIS_SOCKET_TYPE=unix), its LOG_LEVEL logrus's names
+    assert Settings.load({"REDIS_URL": "redis.internal:6380"}).redis_url == "redis://redis.internal:6380"
+    assert Settings.load({"REDIS_URL": "/run/redis.sock", "REDIS_SOCKET_TYPE": "unix"}).redis_url == (
+        "unix:///run/redis.sock")
+    assert Settings.load({"REDIS_URL": "rediss://r:6380"}).redis_url == "rediss://r:6380"
+    assert Settings.load({"REDIS_TYPE": "cluster", "REDIS_URL": "a:1,b:2"}).redis_url == "a:1,b:2"
+    assert [Settings.load({"LOG_LEVEL": level}).log_level for level in ("WARN", "trace", "Info", "panic")] == [
+        "warning", "debug", "info", "error"]
+    with pytest.raises(SettingsError, match="'loud' is not one of debug, info, warn"):
+        Settings.load({"LOG_LEVEL": "loud"})
 
 
 def test_readme_lists_every_setting() -> None:

@@ -28,7 +28,9 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(level: str, fmt: str) -> None:
-    """Send slidegate's logs to stderr at ``level`` (debug … error) as ``fmt`` (text or json)."""
+    """Send slidegate's logs to stderr at ``level`` (debug … error) as ``fmt`` (text or json); the libraries'
+    own logs (gRPC, redis-py, watchfiles) at ``level`` but never below INFO, watchfiles's never below
+    WARNING."""
     handler = logging.StreamHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
@@ -36,4 +38,9 @@ def configure_logging(level: str, fmt: str) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    wanted = logging.getLevelName(level.upper())
+    root.setLevel(max(wanted, logging.INFO))
+    logging.getLogger("slidegate").setLevel(wanted)
+    # watchfiles logs each change it sees (debug) and each reload (info): a log file written inside the watched
+    # directory would make every line it logs another change to log, without end
+    logging.getLogger("watchfiles").setLevel(max(wanted, logging.WARNING))

@@ -96,6 +96,18 @@ def _choice(*allowed: str) -> Callable[[str], str]:
     return parse
 
 
+# envoyproxy/ratelimit's levels (logrus) map onto Python's: LOG_LEVEL=warn carries over
+_LOG_LEVELS = {"trace": "debug", "debug": "debug", "info": "info", "warn": "warning", "warning": "warning",
+               "error": "error", "fatal": "error", "panic": "error"}
+
+
+def _log_level(text: str) -> str:
+    lowered = text.strip().lower()
+    if lowered not in _LOG_LEVELS:
+        raise ValueError(f"{text!r} is not one of debug, info, warn (warning), error")
+    return _LOG_LEVELS[lowered]
+
+
 @dataclass(frozen=True, slots=True)
 class Spec:
     """One setting: its field in Settings, environment variable, flag, default (as text, as the variable
@@ -124,9 +136,13 @@ SPECS: tuple[Spec, ...] = (
          "redis (shared by every replica) or memory (this process only)"),
     Spec("redis_type", "REDIS_TYPE", "--redis-type", "single", _choice("single", "sentinel", "cluster"),
          "single (one Redis), sentinel (a master found through Sentinel) or cluster (Redis Cluster)"),
+    Spec("redis_socket_type", "REDIS_SOCKET_TYPE", "--redis-socket-type", "tcp", _choice("tcp", "unix"),
+         "single: how a REDIS_URL without a scheme is reached, as envoyproxy/ratelimit's host:port (tcp) or "
+         "socket path (unix)"),
     Spec("redis_url", "REDIS_URL", "--redis-url", "redis://127.0.0.1:6379/0", str,
-         "single: redis://, rediss:// (TLS) or unix:// URL; sentinel: master_name,host:port[,host:port…] "
-         "(the Sentinels); cluster: host:port[,host:port…] (any nodes)"),
+         "single: redis://, rediss:// (TLS) or unix:// URL, or envoyproxy/ratelimit's host:port or socket path "
+         "(see REDIS_SOCKET_TYPE); sentinel: master_name,host:port[,host:port…] (the Sentinels); cluster: "
+         "host:port[,host:port…] (any nodes)"),
     Spec("redis_auth", "REDIS_AUTH", "--redis-auth", "", str,
          "Redis password, or user:password (ACL); overrides one in the URL"),
     Spec("redis_sentinel_auth", "REDIS_SENTINEL_AUTH", "--redis-sentinel-auth", "", str,
@@ -167,8 +183,9 @@ SPECS: tuple[Spec, ...] = (
     Spec("http_port", "PORT", "--http-port", "8080", _port, "HTTP port (0: any free port)"),
     Spec("debug_host", "DEBUG_HOST", "--debug-host", "0.0.0.0", str, "address for /rlconfig and /metrics"),
     Spec("debug_port", "DEBUG_PORT", "--debug-port", "6070", _port, "debug HTTP port (0: any free port)"),
-    Spec("log_level", "LOG_LEVEL", "--log-level", "info", _choice("debug", "info", "warning", "error"),
-         "debug logs one line per decision"),
+    Spec("log_level", "LOG_LEVEL", "--log-level", "info", _log_level,
+         "debug, info, warn or error (envoyproxy/ratelimit's trace, fatal and panic too); debug logs one line "
+         "per decision"),
     Spec("log_format", "LOG_FORMAT", "--log-format", "text", _choice("text", "json"), "text or JSON lines"),
     Spec("cache_key_prefix", "CACHE_KEY_PREFIX", "--cache-key-prefix", "", str, "prefix of every Redis key"),
     Spec("default_algorithm", "DEFAULT_ALGORITHM", "--default-algorithm", Algorithm.SLIDING_WINDOW_LOG.value,
@@ -210,6 +227,7 @@ class Settings:
     runtime_watch_root: bool
     backend_type: str
     redis_type: str
+    redis_socket_type: str
     redis_url: str
     redis_auth: str
     redis_sentinel_auth: str
@@ -268,6 +286,10 @@ class Settings:
                 problems.append(f"{spec.flag} / {spec.env} (from the {source}): {exc}")
         if problems:
             raise SettingsError("invalid settings:\n  " + "\n  ".join(problems))
+        url = values["redis_url"].strip()
+        if values["redis_type"] == "single" and url and "://" not in url:
+            # envoyproxy/ratelimit's REDIS_URL: host:port, or a socket path with REDIS_SOCKET_TYPE=unix
+            values["redis_url"] = ("unix://" if values["redis_socket_type"] == "unix" else "redis://") + url
         settings = cls(**values)
         settings.check()
         return settings
