@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 from slidegate.algorithms import Algorithm
 from slidegate.cli import main
 from slidegate.config import ConfigError, LoadOptions, RateLimit, load_directory
+from slidegate.config.model import wildcard_pattern
 from slidegate.units import Unit
 
 WriteConfig = Callable[..., Path]
@@ -283,6 +287,20 @@ def test_wildcards_exact_then_first_pattern_then_key_only(write_config: WriteCon
     assert limit("/x.json") == (4, (("path", "/x.json"),))
     assert limit("/x.jsonp") == (5, (("path", "/x.jsonp"),))  # patterns match the whole value
     assert limit("/API/v1") == (5, (("path", "/API/v1"),))  # case-sensitive
+
+
+@given(pattern=st.lists(st.text("ab/", max_size=3), min_size=2, max_size=5).map("*".join),
+       value=st.text("ab/", max_size=12))
+def test_a_wildcard_matches_as_the_plain_glob_would(pattern: str, value: str) -> None:
+    # the reference: each * is ".*", the rest literal, the whole value
+    reference = re.fullmatch(".*".join(re.escape(p) for p in pattern.split("*")), value, re.DOTALL) is not None
+    assert wildcard_pattern(pattern).matches(value) is reference
+
+
+def test_a_wildcard_does_not_backtrack() -> None:
+    # as a regular expression (/api/.*/.*/.*/items) the 16 KiB value took hours; an attacker chooses the value
+    assert not wildcard_pattern("/api/*/*/*/items").matches("/api/" + "/" * 16_000)
+    assert wildcard_pattern("/api/*/*/*/items").matches("/api/" + "/" * 16_000 + "items")
 
 
 def test_merge_domain_config(write_config: WriteConfig) -> None:
