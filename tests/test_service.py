@@ -182,6 +182,23 @@ async def test_a_request_seen_before_is_matched_again_after_a_reload(
         await backend.close()
 
 
+async def test_an_old_config_is_not_kept_alive_by_remembered_requests(
+        write_config: Callable[..., Path], redis_url: str, key_prefix: str) -> None:
+    configs = [load_directory(write_config(CONFIG))]
+    backend = RedisBackend(redis_url)
+    service = RateLimitService(Limiter(lambda: configs[-1], backend, LimiterOptions(key_prefix=key_prefix)))
+    try:
+        async with served(service) as stub:
+            for reload in range(4):
+                await stub.ShouldRateLimit(request("api", descriptor(("client", f"c{reload}"))))
+                configs.append(load_directory(write_config(CONFIG)))
+            await stub.ShouldRateLimit(request("api", descriptor(("client", "new"))))
+            # every request remembered now was matched against the config in force, and only those
+            assert {id(p.plan.config) for p in service._prepared.values()} == {id(configs[-1])}
+    finally:
+        await backend.close()
+
+
 async def test_remembered_requests_are_bounded(write_config: Callable[..., Path], redis_url: str, key_prefix: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(service_module, "PREPARED_REQUESTS", 5)

@@ -183,6 +183,7 @@ class RateLimitService:
         self._options = options
         self.metrics = metrics or Metrics()
         self._prepared: dict[bytes, Prepared] = {}
+        self._prepared_config: object = None  # the config every remembered request was matched against
         self._failures = 0
         self._last_failure_log = 0.0
 
@@ -224,8 +225,11 @@ class RateLimitService:
         domain, descriptors = parse_request(request)
         prepared = self.prepare(domain, descriptors, request.hits_addend)
         if len(data) <= PREPARED_MAX_BYTES and len(descriptors) <= PREPARED_MAX_DESCRIPTORS:
-            if len(self._prepared) >= PREPARED_REQUESTS:
-                self._prepared.clear()  # cheaper than tracking use, and only costs a re-match
+            # cheaper than tracking use, and only costs a re-match; after a reload the remembered requests of
+            # the old config go at once, or each would keep that whole config alive
+            if len(self._prepared) >= PREPARED_REQUESTS or prepared.plan.config is not self._prepared_config:
+                self._prepared.clear()
+                self._prepared_config = prepared.plan.config
             self._prepared[data] = prepared
         return prepared
 
