@@ -179,8 +179,18 @@ def errors(write_config: WriteConfig, text: str) -> list[str]:
         ("domain: d\ndescriptors:\n  - key: k\n    metadata: [1]\n", [
             "config.yaml:4: descriptors[0].metadata: must be a mapping, got a list"]),
         ("domain: d\ndescriptors:\n  - key: k\n    metadata: {1: a}\n", [
+            "config.yaml:4: descriptors[0].metadata: must have text keys only"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    metadata: {a: [!!binary aGk=]}\n", [
             "config.yaml:4: descriptors[0].metadata: must hold only strings, numbers, booleans, lists and "
             "mappings with text keys"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    metadata: {big: 1" + "0" * 400 + "}\n", [
+            "config.yaml:4: descriptors[0].metadata: holds a whole number of 401 digits, which a protobuf Struct "
+            "(a double) cannot hold"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    metadata: {x: [.nan]}\n", [
+            "config.yaml:4: descriptors[0].metadata: holds nan, which JSON and a protobuf Struct cannot carry"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    metadata: {x: " + "[" * 20 + "]" * 20 + "}\n", [
+            "config.yaml:4: descriptors[0].metadata: nests more than 20 mappings and lists deep (a response "
+            "nesting deeper cannot be read by protobuf, Envoy's included)"]),
         ("domain: d\ndescriptors: {key: k}\n", [
             "config.yaml:2: descriptors: must be a list of descriptors, got a mapping"]),
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: [1]\n", [

@@ -3,6 +3,7 @@ dynamic metadata, negative hits, wildcards, and request bytes that are not UTF-8
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -205,3 +206,13 @@ async def test_an_unlimited_rule_replaces_too(rls: Start) -> None:
     assert reply.overall_code == OK
     alone = await stub.ShouldRateLimit(request("r", descriptor(("remote_address", "1.2.3.4"))))
     assert alone.overall_code == OVER_LIMIT
+
+
+async def test_the_deepest_metadata_a_config_may_hold_reaches_the_caller(rls: Start) -> None:
+    deepest = "[" * 19 + "1" + "]" * 19  # with its mapping, as deep as the config allows
+    stub = await rls(f"domain: f\ndescriptors:\n  - key: deep\n    rate_limit: {{unit: hour, requests_per_unit: 5}}\n"
+                     f"    metadata: {{x: {deepest}, n: {2**53}}}\n",
+                     answer_options={"dynamic_metadata": True})
+    reply = await stub.ShouldRateLimit(request("f", descriptor(("deep", "d"))))  # parsed by the client
+    metadata = json_format.MessageToDict(reply.dynamic_metadata)["descriptors"][0]["metadata"]
+    assert metadata["n"] == 2**53 and json.dumps(metadata["x"]) == deepest.replace("1", "1.0")

@@ -7,7 +7,7 @@ YAML is composed into nodes (not plain dicts) so that each error can point at it
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ _RATE_LIMIT_KEYS = (
 )
 
 
+MAX_METADATA_DEPTH = 20  # a response nests ~10 messages around metadata, 3 for each mapping; protobuf reads 100
 MAX_MAPPINGS = 100_000  # mappings (and metadata nodes) read from one file, after expanding YAML aliases
 MAX_FILE_BYTES = 16 * 1024 * 1024
 
@@ -134,20 +135,13 @@ class _File:
                 stack.extend(v for pair in current.value for v in pair)
             elif isinstance(current, yaml.SequenceNode):
                 stack.extend(current.value)
-        def plain(value: Any) -> bool:
-            if isinstance(value, dict):
-                return all(isinstance(k, str) and plain(v) for k, v in value.items())
-            if isinstance(value, list):
-                return all(plain(v) for v in value)
-            return value is None or isinstance(value, str | bool | int | float)
-
         try:
             value = self._constructor.construct_object(node, deep=True)
-            if not plain(value):
-                raise TypeError("not plain data")
-            json.dumps(value)
         except (TypeError, ValueError, yaml.YAMLError):
-            self.issue(node, field, "must hold only strings, numbers, booleans, lists and mappings with text keys")
+            value = None
+        problem = _not_struct(value, 1) if isinstance(value, dict) else "must be a mapping"
+        if problem:
+            self.issue(node, field, problem)
             return None
         return dict(value)
 
@@ -160,6 +154,29 @@ class _File:
         except (KeyError, yaml.YAMLError):
             self.issue(node, field, f"must be true or false, got {_describe(node)}")
             return None
+
+
+def _not_struct(value: Any, depth: int) -> str | None:
+    """Why ``value`` cannot be sent as a protobuf Struct (Envoy's dynamic metadata), or None."""
+    if isinstance(value, dict | list) and depth > MAX_METADATA_DEPTH:
+        return (f"nests more than {MAX_METADATA_DEPTH} mappings and lists deep (a response nesting deeper cannot "
+                "be read by protobuf, Envoy's included)")
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            return "must have text keys only"
+        return next((p for v in value.values() if (p := _not_struct(v, depth + 1))), None)
+    if isinstance(value, list):
+        return next((p for v in value if (p := _not_struct(v, depth + 1))), None)
+    if value is None or isinstance(value, str | bool):
+        return None
+    if isinstance(value, int):
+        # a Struct number is a double: a whole number beyond 2^53 would change on the way
+        if abs(value) <= 2**53:
+            return None
+        return f"holds a whole number of {len(str(abs(value)))} digits, which a protobuf Struct (a double) cannot hold"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"holds {value}, which JSON and a protobuf Struct cannot carry"
+    return "must hold only strings, numbers, booleans, lists and mappings with text keys"
 
 
 def _kind(node: yaml.Node) -> str:
