@@ -39,6 +39,10 @@ def serve(config_dir: Path, *args: str, env: dict[str, str] | None = None, timeo
 @pytest.mark.parametrize(("args", "message"), [
     (("--redis-url", "foo://x"),
      "--redis-url / REDIS_URL: Redis URL 'foo://x' must start with redis://, rediss:// or unix://"),
+    (("--redis-url", "redis://127.0.0.1:6379/abc"), "Redis URL 'redis://127.0.0.1:6379/abc': the database 'abc' "
+                                                    "is not a whole number"),
+    (("--redis-url", "redis://127.0.0.1:6379/1/5"), "the database '1/5' is not a whole number"),
+    (("--redis-url", "redis://127.0.0.1:6379/-1"), "the database '-1' is not a whole number"),
     (("--redis-url", "localhost:99999"), "Redis URL 'redis://localhost:99999': Port out of range"),
     (("--redis-url", "redis://127.0.0.1:99999/0"),
      "--redis-url / REDIS_URL: Redis URL 'redis://127.0.0.1:99999/0': Port out of range"),

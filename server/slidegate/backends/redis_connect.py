@@ -98,6 +98,10 @@ def _check_single_url(url: str) -> None:
         raise ValueError(f"Redis URL {redact(url)!r}: {exc}") from exc
     if parts.scheme != "unix" and not parts.hostname:
         raise ValueError(f"Redis URL {redact(url)!r} names no host")
+    database = parts.path.strip("/") if parts.scheme != "unix" else ""
+    if database and not database.isdecimal():
+        # redis-py would read /abc as database 0 and /1/5 as 15
+        raise ValueError(f"Redis URL {redact(url)!r}: the database {database!r} is not a whole number")
 
 
 def parse_address(text: str, what: str) -> tuple[str, int]:
