@@ -116,3 +116,22 @@ async def test_hits_given_back_make_room_at_once(
         assert (after.over, after.remaining) == (False, 1)
     finally:
         await backend.close()
+
+
+async def test_long_keys_are_bounded_by_their_size(
+        write_config: Callable[..., Path], private_redis: RedisServer, clock: Clock) -> None:
+    config = load_directory(write_config(config_text(1)))
+    backend = OverLimitCache(RedisBackend(private_redis.url, timeout=0.2), max_key_chars=100_000)
+    limiter = Limiter(lambda: config, backend, clock=clock)
+    try:
+        for i in range(40):  # 40 limits of 10 KiB values over their limit: 400 KB of keys
+            for _ in range(2):
+                await limiter.should_rate_limit("c", [Descriptor((("k", f"{i}" + "x" * 10_000),))])
+            assert 0 < backend._key_chars <= 100_000
+            assert backend._key_chars == sum(len(identity[0]) for identity in backend._blocked)
+        remembered = len(backend._blocked)
+        assert 0 < remembered < 10
+        [over] = await limiter.should_rate_limit("c", [Descriptor((("k", "39" + "x" * 10_000),))])
+        assert over.over  # the newest is still answered
+    finally:
+        await backend.close()

@@ -31,11 +31,15 @@ def _identity(c: Check) -> Identity:
 
 class OverLimitCache:
     """``backend`` with known over-limit answers served locally (see the module docstring); at most
-    ``max_entries`` limits remembered. Same interface as the backend."""
+    ``max_entries`` limits remembered, whose keys hold at most ``max_key_chars`` characters together (a key
+    carries the request's values, up to 16 KiB each: a count alone would let long values take gigabytes).
+    Same interface as the backend."""
 
-    def __init__(self, backend: Backend, *, max_entries: int = 100_000) -> None:
+    def __init__(self, backend: Backend, *, max_entries: int = 100_000, max_key_chars: int = 16_000_000) -> None:
         self._backend = backend
         self._max_entries = max_entries
+        self._max_key_chars = max_key_chars
+        self._key_chars = 0  # of the remembered limits' keys
         self._blocked: dict[Identity, tuple[int, int]] = {}  # identity -> (over until, µs; hits it was over for)
 
     def describe(self) -> str:
@@ -65,23 +69,29 @@ class OverLimitCache:
         decision = await self._backend.decide(checks, now_us, timeout)
         for c, outcome in zip(checks, decision.outcomes, strict=True):
             if not outcome.over:
-                if self._blocked and c.hits != 0:
-                    # hits counted push a remembered rejection's retry time back; hits given back may make
-                    # room at once
-                    self._blocked.pop(_identity(c), None)
+                # hits counted push a remembered rejection's retry time back; hits given back may make room
+                # at once
+                if self._blocked and c.hits != 0 and self._blocked.pop(_identity(c), None) is not None:
+                    self._key_chars -= len(c.key)
                 continue
             # more hits than the limit can ever hold are over for good, and reported with a fixed reset
             fits_some_day = c.hits <= (c.limit if c.burst is None else max(c.limit, c.burst))
             if simple and c.hits > 0 and fits_some_day and not c.shadow and outcome.reset_us > 0:
-                if len(self._blocked) >= self._max_entries:
-                    self._forget_expired(now)
-                self._blocked[_identity(c)] = (now + outcome.reset_us, c.hits)
+                identity = _identity(c)
+                if identity not in self._blocked:
+                    if (len(self._blocked) >= self._max_entries
+                            or self._key_chars + len(c.key) > self._max_key_chars):
+                        self._forget_expired(now)
+                    self._key_chars += len(c.key)
+                self._blocked[identity] = (now + outcome.reset_us, c.hits)
         return decision
 
     def _forget_expired(self, now: int) -> None:
         self._blocked = {k: v for k, v in self._blocked.items() if v[0] > now}
-        if len(self._blocked) >= self._max_entries:
+        self._key_chars = sum(len(k[0]) for k in self._blocked)
+        if len(self._blocked) >= self._max_entries or self._key_chars > self._max_key_chars // 2:
             self._blocked.clear()  # only an optimisation: forgetting everything is always correct
+            self._key_chars = 0
 
     async def ping(self) -> None:
         await self._backend.ping()
