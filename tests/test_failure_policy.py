@@ -151,21 +151,35 @@ def test_health_serves_without_redis_when_a_failure_mode_answers(
     assert served.stub().ShouldRateLimit(request("f", descriptor(("k", "v")))).overall_code == OK
 
 
-async def test_a_call_past_its_deadline_is_neither_degraded_nor_a_storage_error(
-        write_config: Callable[..., Path], private_redis: RedisServer) -> None:
+@pytest.mark.parametrize("mode", ["error", "allow", "deny", "local"])
+async def test_a_call_about_to_pass_its_deadline_is_answered_by_the_failure_mode_but_is_no_storage_error(
+        write_config: Callable[..., Path], private_redis: RedisServer, mode: str) -> None:
+    # Envoy's filter waits 20 ms by default, far less than REDIS_TIMEOUT: a hung Redis must still leave time
+    # for the failure mode to answer
     config = load_directory(write_config(CONFIG))
     backend = RedisBackend(private_redis.url, timeout=2.0)
-    service = RateLimitService(Limiter(lambda: config, backend, LimiterOptions(failure_mode="allow")))
+    service = RateLimitService(Limiter(lambda: config, backend, LimiterOptions(failure_mode=mode)))
     descriptors = [Descriptor((("k", "v"),))]
     await service.decide("f", descriptors, 0)
     assert private_redis.process is not None
     private_redis.process.send_signal(signal.SIGSTOP)
     try:
-        with pytest.raises(DeadlineExceeded):  # not answered OK by the failure mode: the caller has gone
-            await service.decide("f", descriptors, 0, timeout=0.02)
+        started = time.monotonic()
+        if mode == "error":
+            with pytest.raises(DeadlineExceeded):  # not UNAVAILABLE: the storage may be fine
+                await service.decide("f", descriptors, 0, timeout=0.02)
+        else:
+            reply = await service.decide("f", descriptors, 0, timeout=0.02)
+            assert reply.overall_code == (OVER_LIMIT if mode == "deny" else OK)
+            assert time.monotonic() - started < 0.02  # heard before the caller gives up
+        with pytest.raises(DeadlineExceeded):  # too short for any answer but gRPC's own
+            await service.decide("f", descriptors, 0, timeout=0.008)
     finally:
         private_redis.process.send_signal(signal.SIGCONT)
-    assert service.metrics.registry.get_sample_value("ratelimit_storage_errors_total") == 0
+    registry = service.metrics.registry
+    assert registry.get_sample_value("ratelimit_storage_errors_total") == 0
+    assert registry.get_sample_value("ratelimit_degraded_decisions_total", {"mode": mode}) == (
+        None if mode == "error" else 1)
     await backend.close()
 
 

@@ -61,9 +61,14 @@ class Status:
     rule: DescriptorNode | None = None
     hits: int = 0
     degraded: str | None = None  # the failure mode that decided, when the storage did not
+    late: bool = False  # degraded because the caller's deadline was running out, not because the storage failed
 
 
 NO_LIMIT = Status(limit=None)
+
+# seconds before the caller's deadline that a failure mode other than error answers, when the storage has not:
+# the backend's deadlines fire up to a few ms late, and the answer must still be built and sent
+ANSWER_MARGIN = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,25 +198,33 @@ class Limiter:
     async def decide(self, plan: Plan, timeout: float | None = None) -> list[Status]:
         """One Status per descriptor of ``plan``, in order; ``timeout`` (seconds) bounds the backend call.
         Raises BackendUnavailable when the backend cannot decide and the failure mode is ``error``, and
-        DeadlineExceeded (whatever the failure mode) when ``timeout`` ran out first."""
+        DeadlineExceeded when ``timeout`` ran out first and the failure mode is ``error`` (or ``timeout`` is
+        too short for any other to answer in it). Any other failure mode answers ``ANSWER_MARGIN`` seconds
+        before ``timeout`` runs out, so that the caller (Envoy: its filter's timeout) still hears it."""
         statuses = list(plan.statuses)
         if not plan.checks:
             return statuses
         now = self._clock() if self._clock else None
-        degraded = None
+        mode = plan.config.domains[plan.domain].failure_mode or self._options.failure_mode
+        answer_late = mode != "error" and timeout is not None and timeout > 2 * ANSWER_MARGIN
+        degraded, late = None, False
         try:
-            decision = await self._backend.decide(plan.checks, now, timeout)
+            decision = await self._backend.decide(
+                plan.checks, now, timeout - ANSWER_MARGIN if answer_late and timeout is not None else timeout)
         except DeadlineExceeded:
-            raise  # the caller has gone: no failure mode answers it, and the storage may be fine
+            if not answer_late:
+                raise  # the caller has gone, or is about to: no failure mode answers it, the storage may be fine
+            degraded, late = mode, True
+            decision = await self._degraded(mode, plan.checks, now)
         except BackendUnavailable:
-            degraded = plan.config.domains[plan.domain].failure_mode or self._options.failure_mode
-            if degraded == "error":
+            if mode == "error":
                 raise
-            decision = await self._degraded(degraded, plan.checks, now)
+            degraded = mode
+            decision = await self._degraded(mode, plan.checks, now)
         for index, outcome in zip(plan.counted, decision.outcomes, strict=True):
             s = statuses[index]
             statuses[index] = Status(s.limit, outcome.over, outcome.remaining, outcome.reset_us, s.shadow, s.rule,
-                                     s.hits, degraded)
+                                     s.hits, degraded, late)
         return statuses
 
     async def should_rate_limit(

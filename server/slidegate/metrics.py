@@ -41,7 +41,8 @@ class Metrics:
         self.config_load_error = Counter("ratelimit_config_load_error", "config (re)loads that failed; the "
                                          "previous config stays", registry=self.registry)
         self.degraded = Counter("ratelimit_degraded_decisions", "requests decided by the failure mode because "
-                                "the storage could not", ["mode"], registry=self.registry)
+                                "the storage could not, or not before the caller's deadline", ["mode"],
+                                registry=self.registry)
         self.storage_errors = Counter("ratelimit_storage_errors", "decisions the storage did not answer in time",
                                       registry=self.registry)
         self.storage_latency = Histogram("ratelimit_storage_latency_seconds", "one storage decision",

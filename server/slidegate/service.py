@@ -269,11 +269,12 @@ class RateLimitService:
             self.metrics.storage_errors.inc()
             self._log_failure(exc)
             raise
-        degraded = next((s.degraded for s in statuses if s.degraded), None)
-        if degraded:
-            self.metrics.storage_errors.inc()
-            self.metrics.degraded.labels(degraded).inc()
-            self._log_failure(BackendUnavailable(f"decided by failure mode {degraded}"))
+        degraded = next((s for s in statuses if s.degraded), None)
+        if degraded and degraded.degraded:
+            self.metrics.degraded.labels(degraded.degraded).inc()
+            if not degraded.late:  # a caller in a hurry says nothing of the storage's health
+                self.metrics.storage_errors.inc()
+                self._log_failure(BackendUnavailable(f"decided by failure mode {degraded.degraded}"))
         else:
             self.metrics.storage_latency.observe(time.perf_counter() - started)
             if self._last_failure_log:
