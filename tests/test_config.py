@@ -258,6 +258,9 @@ def test_check_config_command(write_config: WriteConfig) -> None:
     result = CliRunner().invoke(main, ["check-config", str(directory)])
     assert result.exit_code == 1
     assert "z.yaml:2: bad: unknown key 'bad'" in result.output
+    for not_a_directory in (directory / "z.yaml", directory / "missing"):
+        result = CliRunner().invoke(main, ["check-config", str(not_a_directory)])
+        assert result.exit_code == 2 and "Directory" in result.output, result.output
 
 
 WILDCARDS = """

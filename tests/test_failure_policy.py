@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
 from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded
@@ -149,6 +150,25 @@ def test_health_serves_without_redis_when_a_failure_mode_answers(
     assert wait_for(lambda: "health: the storage does not answer" in served.output(), timeout=10)
     assert served.http("/healthcheck") == (200, "OK")
     assert served.stub().ShouldRateLimit(request("f", descriptor(("k", "v")))).overall_code == OK
+
+
+def test_health_serves_without_redis_when_a_domains_failure_mode_answers(
+        write_config: Callable[..., Path], serve: Callable[..., Served], private_redis: RedisServer) -> None:
+    # the deployment's failure mode is error, one domain's is allow: taken out of its load balancer, this
+    # replica could not give that domain its answer
+    directory = write_config("failure_mode: allow\n" + CONFIG)
+    write_config("domain: strict\ndescriptors:\n  - key: k\n", "strict.yaml")
+    served = serve(directory, url=private_redis.url)
+    private_redis.stop()
+    assert wait_for(lambda: "health: the storage does not answer" in served.output(), timeout=10)
+    time.sleep(1.5)  # a publish would have come by now
+    assert served.http("/healthcheck") == (200, "OK")
+    with grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}") as channel:
+        check = health_pb2_grpc.HealthStub(channel).Check
+        for name in ("", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"):
+            assert check(health_pb2.HealthCheckRequest(service=name)).status == health_pb2.HealthCheckResponse.SERVING
+    (directory / "config.yaml").write_text(CONFIG)  # no domain answers without Redis any more
+    assert wait_for(lambda: served.http("/healthcheck") == (503, "NOT SERVING"), timeout=10)
 
 
 @pytest.mark.parametrize("mode", ["error", "allow", "deny", "local"])

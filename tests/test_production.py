@@ -103,6 +103,12 @@ def test_hot_reload_swaps_valid_config_and_keeps_it_on_errors(write_config: Call
     reply = stub.ShouldRateLimit(request("p", descriptor(("user", "r2"))))
     assert reply.statuses[0].current_limit.requests_per_unit == 5  # the old config stays
     assert "config.yaml:4: descriptors[0].rate_limit.unit: unknown unit 'lightyear'" in served.output()
+    # put back as it was in force: said, so the error is not the last word
+    (directory / "config.yaml").write_text(CONFIG.replace("requests_per_unit: 2", "requests_per_unit: 5"))
+    assert wait_for(lambda: "config files are back to the config in force" in served.output())
+    (directory / "config.yaml").unlink()  # no file at all: no limits, and the log says so
+    assert wait_for(lambda: "no domain in" in served.output() and "every descriptor is unlimited" in served.output())
+    assert not stub.ShouldRateLimit(check).statuses[0].HasField("current_limit")
 
 
 def test_kubernetes_configmap_symlink_swap(tmp_path: Path, serve: Callable[..., Served]) -> None:

@@ -71,7 +71,7 @@ def serve(**flags: str | None) -> None:
 
 
 @main.command("check-config")
-@click.argument("config_dir", type=click.Path(file_okay=False))
+@click.argument("config_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--default-algorithm", envvar="DEFAULT_ALGORITHM", default=Algorithm.SLIDING_WINDOW_LOG.value,
               type=click.Choice([a.value for a in Algorithm]), help="Algorithm of limits that name none.")
 @click.option("--merge-domain-config/--no-merge-domain-config", envvar="MERGE_DOMAIN_CONFIG", default=False,

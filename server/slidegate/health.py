@@ -1,11 +1,13 @@
-"""Whether the service is serving, for the gRPC health service (``""`` and ``ratelimit``) and
-``GET /healthcheck``: only while a config is loaded, the storage answers, and no SIGTERM has come."""
+"""Whether the service is serving, for the gRPC health service (``""``, ``ratelimit`` and the
+RateLimitService's full name) and ``GET /healthcheck``: only while a config is loaded, the storage answers
+(or a failure mode answers without it), and no SIGTERM has come."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
@@ -13,23 +15,27 @@ from grpc_health.v1._async import HealthServicer
 from slidegate.backends.base import Backend
 
 log = logging.getLogger(__name__)
-HEALTH_SERVICES = ("", "ratelimit")
+HEALTH_SERVICES = ("", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService")
 
 
 class Health:
     """The serving state, published to a gRPC HealthServicer."""
 
-    def __init__(self, servicer: HealthServicer, needs_storage: bool = True) -> None:
+    def __init__(self, servicer: HealthServicer, needs_storage: Callable[[], bool] = lambda: True) -> None:
         self._servicer = servicer
-        self._needs_storage = needs_storage  # False when a failure mode answers without the storage
+        # False while a failure mode (the deployment's or a domain's) answers without the storage: a replica
+        # taken out of its load balancer could not give that answer
+        self._needs_storage = needs_storage
         self.storage_ok = False
         self.draining = False
+        self._published: bool | None = None
 
     @property
     def serving(self) -> bool:
-        return (self.storage_ok or not self._needs_storage) and not self.draining
+        return (self.storage_ok or not self._needs_storage()) and not self.draining
 
     async def publish(self) -> None:
+        self._published = self.serving
         status = health_pb2.HealthCheckResponse.SERVING if self.serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in HEALTH_SERVICES:
             await self._servicer.set(name, status)
@@ -40,7 +46,8 @@ class Health:
         await self.publish()
 
     async def watch_storage(self, backend: Backend, stop: asyncio.Event, interval: float = 1.0) -> None:
-        """Ping the storage every ``interval`` seconds until ``stop``; publish each change."""
+        """Ping the storage every ``interval`` seconds until ``stop``; publish each change (of the storage, or
+        of the failure modes a config reload brought)."""
         first = True
         while not stop.is_set():
             try:
@@ -53,8 +60,8 @@ class Health:
             if ok and not self.storage_ok and not first:
                 log.warning("health: the storage answers again; serving")
             first = False
-            if ok != self.storage_ok:
-                self.storage_ok = ok
+            self.storage_ok = ok
+            if self.serving != self._published:
                 await self.publish()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)

@@ -60,6 +60,7 @@ class ConfigWatcher:
         self._metrics = metrics
         self._root = root.absolute() if root is not None else None
         self._fingerprint = _fingerprint(self._directory)
+        self._failed = False  # the files changed and did not load: the config in force is older than them
 
     def _targets(self) -> tuple[list[Path], set[Path]]:
         """(directories to watch, paths whose changes matter besides the config directory's entries)."""
@@ -80,17 +81,24 @@ class ConfigWatcher:
         changed (or ``force``); swap it in if it loads. Returns whether a new config is in force."""
         fingerprint = await asyncio.to_thread(_fingerprint, self._directory)
         if fingerprint and fingerprint == self._fingerprint and not force:
+            if self._failed:  # put back as they were: the last line logged must not stay the error
+                self._failed = False
+                log.info("config files are back to the config in force")
             return False
         try:
             config = await asyncio.to_thread(load_directory, self._directory, self._options)
         except (ConfigError, OSError) as exc:
             self._metrics.config_load_error.inc()
             log.error("config reload failed, keeping the previous config:\n%s", exc)
+            self._failed = True
             return False
+        self._failed = False
         self._fingerprint = fingerprint
         self._holder.current = config
         self._metrics.config_load_success.inc()
         log.info("config reloaded: %d domains, %d limits", len(config.domains), config.limit_count())
+        if not config.domains:
+            log.warning("no domain in %s (no *.yaml or *.yml files): every descriptor is unlimited", self._directory)
         return True
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -123,7 +123,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
                                          settings.grpc_client_tls_cacert)
     server, health_servicer, port = await start_server(service, settings.grpc_host, settings.grpc_port, credentials,
                                                        reuse_port=reuse_port)
-    health = Health(health_servicer, needs_storage=settings.failure_mode == "error")
+    health = Health(health_servicer, needs_storage=lambda: settings.failure_mode == "error" and all(
+        d.failure_mode in (None, "error") for d in holder.current.domains.values()))
     await health.publish()
     runners = []
     stop = asyncio.Event()
@@ -158,6 +159,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
             settings.grpc_host, port, " (TLS)" if credentials else "", settings.http_host, http_port,
             settings.debug_host, debug_port, len(config.domains), config.limit_count(), directory,
         )
+        if not config.domains:
+            log.warning("no domain in %s (no *.yaml or *.yml files): every descriptor is unlimited", directory)
         log.info("storage: %s", backend.describe())
         if ready is not None:
             ready.set()

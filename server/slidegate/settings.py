@@ -168,7 +168,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("redis_pool_size", "REDIS_POOL_SIZE", "--redis-pool-size", "64", _positive_int,
          "Redis connections at most; more calls in flight wait for one"),
     Spec("redis_timeout", "REDIS_TIMEOUT", "--redis-timeout", "250ms", _timeout,
-         "time allowed for one decision (250ms, 0.25s, 1m …), 1 ms to 60 s; the caller's deadline caps it"),
+         "time allowed for one decision (250ms, 0.25s, 1m …; a bare number is seconds), 1 ms to 60 s; the "
+         "caller's deadline caps it"),
     Spec("grpc_host", "GRPC_HOST", "--host", "0.0.0.0", str, "address for gRPC"),
     Spec("grpc_port", "GRPC_PORT", "--grpc-port", "8081", _port, "gRPC port (0: any free port)"),
     Spec("grpc_server_use_tls", "GRPC_SERVER_USE_TLS", "--grpc-server-use-tls", "false", _bool,
