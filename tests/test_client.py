@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from slidegate.client import AsyncRateLimitClient, InProcessLimiter, RateLimitClient, RateLimitUnavailable
+from slidegate.client import (
+    AsyncRateLimitClient,
+    InProcessLimiter,
+    InvalidRateLimitRequest,
+    RateLimitClient,
+    RateLimitUnavailable,
+)
 from slidegate.stack import free_port
 from tests.redis_servers import RedisServer
 from tests.served import Served
@@ -66,6 +72,18 @@ def test_in_process_limiter_in_memory(write_config: Callable[..., Path]) -> None
     decisions = [limiter.should_rate_limit_blocking("c", [[("k", "m")]]) for _ in range(3)]
     assert [d.allowed for d in decisions] == [True, True, False]
     assert decisions[0].descriptors[0].remaining == 1
+
+
+def test_an_invalid_request_is_told_apart_from_an_outage(write_config: Callable[..., Path],
+                                                         serve: Callable[..., Served]) -> None:
+    # a caller's bug, the same way from the service and from the limiter in process
+    directory = write_config(CONFIG)
+    client = RateLimitClient(f"127.0.0.1:{serve(directory).grpc_port}", timeout=5)
+    for limiter in (client, InProcessLimiter(directory)):
+        check = getattr(limiter, "should_rate_limit_blocking", limiter.should_rate_limit)
+        with pytest.raises(InvalidRateLimitRequest, match=r"^INVALID_ARGUMENT: rate limit domain must not be empty"):
+            check("", [[("k", "x")]])
+    client.close()
 
 
 def test_deadline_holds_against_a_service_that_never_answers() -> None:

@@ -34,6 +34,17 @@ class RateLimitUnavailable(Exception):
     """The rate-limit service (or storage) did not answer within the deadline, or refused the request."""
 
 
+class InvalidRateLimitRequest(RateLimitUnavailable):
+    """The service refused the request as invalid (gRPC INVALID_ARGUMENT; in process, the same reasons): a
+    bug of the caller's, not an outage. A RateLimitUnavailable, so that one handler can still catch both."""
+
+
+def _unavailable(exc: grpc.RpcError) -> RateLimitUnavailable:
+    code = exc.code()  # every RpcError a call raises is also a grpc.Call
+    kind = InvalidRateLimitRequest if code == grpc.StatusCode.INVALID_ARGUMENT else RateLimitUnavailable
+    return kind(f"{code.name}: {exc.details()}")
+
+
 @dataclass(frozen=True, slots=True)
 class DescriptorDecision:
     """One descriptor's answer. ``limit`` (requests per ``window_seconds``) is None when no limit applies;
@@ -132,12 +143,13 @@ class RateLimitClient:
 
     def should_rate_limit(self, domain: str, descriptors: Sequence[DescriptorSpec], hits_addend: int = 0,
                           timeout: float | None = None) -> Decision:
-        """Ask the service. Raises RateLimitUnavailable on any gRPC error, the deadline included."""
+        """Ask the service. Raises InvalidRateLimitRequest when it refuses the request as invalid,
+        RateLimitUnavailable on any other gRPC error, the deadline included."""
         try:
             response = self._stub.ShouldRateLimit(build_request(domain, descriptors, hits_addend),
                                                   timeout=self._timeout if timeout is None else timeout)
         except grpc.RpcError as exc:
-            raise RateLimitUnavailable(f"{exc.code().name}: {exc.details()}") from exc
+            raise _unavailable(exc) from exc
         return decision_from_response(response)
 
     def close(self) -> None:
@@ -156,7 +168,8 @@ class AsyncRateLimitClient:
 
     async def should_rate_limit(self, domain: str, descriptors: Sequence[DescriptorSpec], hits_addend: int = 0,
                                 timeout: float | None = None) -> Decision:
-        """Ask the service. Raises RateLimitUnavailable on any gRPC error, the deadline included."""
+        """Ask the service. Raises InvalidRateLimitRequest when it refuses the request as invalid,
+        RateLimitUnavailable on any other gRPC error, the deadline included."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # an aio channel belongs to the loop it was made on: made on first use
             self._channel = (grpc.aio.secure_channel(self._target, self._credentials) if self._credentials
@@ -167,7 +180,7 @@ class AsyncRateLimitClient:
             response = await self._stub.ShouldRateLimit(build_request(domain, descriptors, hits_addend),
                                                         timeout=self._timeout if timeout is None else timeout)
         except grpc.RpcError as exc:
-            raise RateLimitUnavailable(f"{exc.code().name}: {exc.details()}") from exc
+            raise _unavailable(exc) from exc
         return decision_from_response(response)
 
     async def close(self) -> None:
@@ -200,9 +213,11 @@ class InProcessLimiter:
 
     async def should_rate_limit(self, domain: str, descriptors: Sequence[DescriptorSpec], hits_addend: int = 0,
                                 timeout: float | None = None) -> Decision:
-        """Decide in this process. Raises RateLimitUnavailable when the storage does not answer."""
+        """Decide in this process. Raises InvalidRateLimitRequest for a request the service would refuse,
+        RateLimitUnavailable when the storage does not answer."""
         from slidegate._proto.slidegate.wire.v1 import lenient_pb2
         from slidegate.backends.base import BackendUnavailable
+        from slidegate.limiter import InvalidOverride
         from slidegate.service import InvalidRequest, parse_request
 
         raw = build_request(domain, descriptors, hits_addend).SerializeToString()
@@ -210,7 +225,9 @@ class InProcessLimiter:
             parsed_domain, parsed = parse_request(lenient_pb2.LenientRateLimitRequest.FromString(raw))
             response = await self._service.decide(parsed_domain, parsed, hits_addend,
                                                   self._timeout if timeout is None else timeout)
-        except (BackendUnavailable, InvalidRequest) as exc:
+        except (InvalidRequest, InvalidOverride) as exc:
+            raise InvalidRateLimitRequest(f"INVALID_ARGUMENT: {exc}") from exc
+        except BackendUnavailable as exc:
             raise RateLimitUnavailable(str(exc)) from exc
         return decision_from_response(response)
 
