@@ -252,6 +252,8 @@ def test_redis_auth(write_config: Callable[..., Path], serve: Callable[..., Serv
         assert "ratelimit_storage_errors_total 1.0" in wrong.http("/metrics")[1]
         assert f"storage: redis at redis://127.0.0.1:{server.port}/0" in wrong.output()
         assert "nope" not in wrong.output()
+        missing = serve(write_config(CONFIG), url=server.url, wait=False)
+        assert wait_for(lambda: "Redis wants a password and none was given (set REDIS_AUTH)" in missing.output())
     finally:
         server.cleanup()
 

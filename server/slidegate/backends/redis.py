@@ -21,7 +21,7 @@ from typing import Any
 import hiredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import AuthenticationError, NoScriptError, RedisClusterException, RedisError, ResponseError
 
 from slidegate.algorithms import Algorithm
 from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded, Decision, Outcome
@@ -229,4 +229,7 @@ def _pack(command: tuple[str | int, ...]) -> bytes:
 
 
 def _reason(exc: BaseException) -> str:
+    if isinstance(exc, AuthenticationError) and ("HELLO must be called" in str(exc) or "NOAUTH" in str(exc)):
+        # Redis's own words for a missing password name a command the operator never sent
+        return f"{type(exc).__name__}: Redis wants a password and none was given (set REDIS_AUTH)"
     return f"{type(exc).__name__}: {exc}" if str(exc) else f"{type(exc).__name__} (no answer in time)"
