@@ -62,6 +62,14 @@ def test_grpc_mutual_tls(tmp_path: Path, write_config: Callable[..., Path], serv
     assert wait_for(lambda: call(served.grpc_port, authority.ca_file, client) == OK, timeout=20)
     assert call(served.grpc_port, authority.ca_file) == "UNAVAILABLE"  # no client certificate
     assert call(served.grpc_port, authority.ca_file, stranger.issue("intruder")) == "UNAVAILABLE"
+    command = [sys.executable, "-m", "slidegate", "client", "--target", f"localhost:{served.grpc_port}",
+               "--domain", "p", "--descriptor", "user=cli", "--tls-cacert", str(authority.ca_file)]
+    cert, key = client
+    done = subprocess.run([*command, "--tls-cert", str(cert), "--tls-key", str(key)], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0 and done.stdout.startswith("overall: OK"), done.stderr
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=30)  # no client certificate
+    assert refused.returncode == 2 and refused.stderr.startswith("error: UNAVAILABLE"), refused.stderr
 
 
 def test_redis_over_tls(tmp_path: Path, write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:

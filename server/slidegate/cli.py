@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -109,12 +110,20 @@ def demo(redis_url: str) -> None:
 @click.option("--hits", type=click.IntRange(0, 4294967295), default=0, help="Request hits_addend (0 means 1).")
 @click.option("--timeout", default=2.0, show_default=True, type=click.FloatRange(min=0.001), help="Seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print the decision as JSON.")
-def client(target: str, domain: str, descriptors: tuple[str, ...], hits: int, timeout: float, as_json: bool) -> None:
+@click.option("--tls", is_flag=True, help="Talk TLS (the system's CAs unless --tls-cacert).")
+@click.option("--tls-cacert", type=click.Path(exists=True, dir_okay=False), help="CA of the server's certificate "
+              "(implies --tls).")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Client certificate (mutual TLS).")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="Client certificate's key.")
+def client(target: str, domain: str, descriptors: tuple[str, ...], hits: int, timeout: float, as_json: bool,
+           tls: bool, tls_cacert: str | None, tls_cert: str | None, tls_key: str | None) -> None:
     """Call ShouldRateLimit on any Envoy-compatible rate-limit service and print the decision.
 
     Exit code 0 when allowed, 1 when over limit, 2 for an error.
     """
     import dataclasses
+
+    import grpc
 
     from slidegate.client import RateLimitClient, RateLimitUnavailable
 
@@ -127,7 +136,15 @@ def client(target: str, domain: str, descriptors: tuple[str, ...], hits: int, ti
                 raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--descriptor")
             entries.append((key, value))
         specs.append(entries)
-    rls = RateLimitClient(target, timeout=timeout)
+    if bool(tls_cert) != bool(tls_key):
+        raise click.BadParameter("--tls-cert and --tls-key go together", param_hint="--tls-cert")
+    credentials = None
+    if tls or tls_cacert or tls_cert:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=Path(tls_cacert).read_bytes() if tls_cacert else None,
+            private_key=Path(tls_key).read_bytes() if tls_key else None,
+            certificate_chain=Path(tls_cert).read_bytes() if tls_cert else None)
+    rls = RateLimitClient(target, timeout=timeout, credentials=credentials)
     try:
         decision = rls.should_rate_limit(domain, specs, hits)
     except RateLimitUnavailable as exc:
