@@ -4,9 +4,12 @@ RateLimitResponse: 200 OK, 429 over limit, 400 bad request with the reason, 503 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.web_protocol import RequestPayloadError
 from google.protobuf import json_format
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
@@ -66,6 +69,16 @@ def make_app(service: RateLimitService, config: Callable[[], Config], health: He
              "rlconfig": web.get("/rlconfig", rlconfig), "metrics": web.get("/metrics", metrics)}
     app.add_routes([table[name] for name in routes])
     return app
+
+
+def _not_a_broken_body(record: logging.LogRecord) -> bool:
+    # a body that cannot be decoded (say a gzip header on plain text) is answered 400 by /json; aiohttp then
+    # meets the same error again while draining the body and logs it as an unhandled exception
+    error = record.exc_info[1] if record.exc_info else None
+    return not isinstance(error, RequestPayloadError | ContentEncodingError)
+
+
+logging.getLogger("aiohttp.server").addFilter(_not_a_broken_body)
 
 
 async def start_app(app: web.Application, host: str, port: int, *,
