@@ -4,6 +4,8 @@ and the parent's handling of signals and of a worker that dies."""
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
 import re
 import signal
@@ -19,6 +21,7 @@ import grpc
 import pytest
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
+from slidegate.logs import configure_logging
 from slidegate.settings import Settings, SettingsError
 from slidegate.stack import free_port, stop
 from tests.helpers import OK, descriptor, request
@@ -60,6 +63,8 @@ def test_workers_share_the_ports_and_the_limits(write_config: Callable[..., Path
     served = serve(write_config(CONFIG), "--workers", "2")
     pids = worker_pids(served)
     assert wait_for(lambda: served.output().count("listening for gRPC") == 2, timeout=15)  # both, not the first
+    for pid in pids:  # each worker's lines say whose they are
+        assert f"INFO slidegate[{pid}]: listening for gRPC" in served.output()
     before = {pid: sockets_of(pid) for pid in pids}
     # channels share one connection unless each keeps its own subchannels
     channels = [grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}", options=[("grpc.use_local_subchannel_pool", 1)])
@@ -172,3 +177,18 @@ def test_two_started_at_once_on_the_same_ports_one_is_refused(write_config: Call
 def test_settings_that_cannot_work_with_workers(flags: dict[str, str], reason: str) -> None:
     with pytest.raises(SettingsError, match=re.escape(reason)):
         Settings.load({}, flags)
+
+
+def test_a_workers_json_lines_name_its_pid(capsys: pytest.CaptureFixture[str]) -> None:
+    root, ours, watcher = logging.getLogger(), logging.getLogger("slidegate"), logging.getLogger("watchfiles")
+    saved = root.handlers[:], root.level, ours.level, watcher.level
+    try:
+        configure_logging("info", "json", worker=True)
+        logging.getLogger("slidegate.test").info("hello")
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        ours.setLevel(saved[2])
+        watcher.setLevel(saved[3])
+    line = json.loads(capsys.readouterr().err.splitlines()[-1])
+    assert (line["message"], line["pid"]) == ("hello", os.getpid())

@@ -27,15 +27,23 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def configure_logging(level: str, fmt: str) -> None:
+def _with_pid(record: logging.LogRecord) -> bool:
+    record.pid = record.process  # an extra field: JsonFormatter writes it
+    return True
+
+
+def configure_logging(level: str, fmt: str, *, worker: bool = False) -> None:
     """Send slidegate's logs to stderr at ``level`` (debug … error) as ``fmt`` (text or json); the libraries'
     own logs (gRPC, redis-py, watchfiles) at ``level`` but never below INFO, watchfiles's never below
-    WARNING."""
+    WARNING. A ``worker`` (of WORKERS) names its process id in each line (``pid`` in JSON)."""
     handler = logging.StreamHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
+        if worker:
+            handler.addFilter(_with_pid)
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        where = "%(name)s[%(process)d]" if worker else "%(name)s"
+        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s {where}: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     wanted = logging.getLevelName(level.upper())

@@ -163,7 +163,7 @@ def _worker(settings: Settings, parent: int) -> None:
     from slidegate.logs import configure_logging
     from slidegate.server import run
 
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, worker=True)
     try:
         run(settings, reuse_port=True)
     except (ConfigError, ValueError, OSError) as exc:
