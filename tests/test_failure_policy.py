@@ -152,6 +152,28 @@ def test_health_serves_without_redis_when_a_failure_mode_answers(
     assert served.stub().ShouldRateLimit(request("f", descriptor(("k", "v")))).overall_code == OK
 
 
+async def test_a_failed_ping_opens_the_breaker_whatever_the_callers_deadlines(private_redis: RedisServer) -> None:
+    breaker = CircuitBreaker(RedisBackend(private_redis.url, timeout=0.2), failures=3, cooldown=5)
+    checks = [Check("sgbreaker:p", 4, 60_000_000, 0)]
+    await breaker.decide(checks)
+    await breaker.ping()
+    assert not breaker.is_open
+    assert private_redis.process is not None
+    private_redis.process.send_signal(signal.SIGSTOP)  # hung: callers in a hurry alone never tell
+    try:
+        with pytest.raises(DeadlineExceeded):
+            await breaker.decide(checks, timeout=0.02)
+        assert not breaker.is_open
+        with pytest.raises(BackendUnavailable):
+            await breaker.ping()
+        assert breaker.is_open
+        with pytest.raises(BackendUnavailable, match="circuit open"):  # at once, not after the deadline
+            await breaker.decide(checks, timeout=0.02)
+    finally:
+        private_redis.process.send_signal(signal.SIGCONT)
+    await breaker.close()
+
+
 def test_health_serves_without_redis_when_a_domains_failure_mode_answers(
         write_config: Callable[..., Path], serve: Callable[..., Served], private_redis: RedisServer) -> None:
     # the deployment's failure mode is error, one domain's is allow: taken out of its load balancer, this
