@@ -107,7 +107,7 @@ def test_hot_reload_swaps_valid_config_and_keeps_it_on_errors(write_config: Call
     (directory / "config.yaml").write_text(CONFIG.replace("requests_per_unit: 2", "requests_per_unit: 5"))
     assert wait_for(lambda: "config files are back to the config in force" in served.output())
     (directory / "config.yaml").unlink()  # no file at all: no limits, and the log says so
-    assert wait_for(lambda: "no domain in" in served.output() and "every descriptor is unlimited" in served.output())
+    assert wait_for(lambda: "no domain in" in served.output() and "answered OK with no limit" in served.output())
     assert not stub.ShouldRateLimit(check).statuses[0].HasField("current_limit")
 
 
@@ -254,6 +254,22 @@ def test_redis_auth(write_config: Callable[..., Path], serve: Callable[..., Serv
         assert "nope" not in wrong.output()
         missing = serve(write_config(CONFIG), url=server.url, wait=False)
         assert wait_for(lambda: "Redis wants a password and none was given (set REDIS_AUTH)" in missing.output())
+    finally:
+        server.cleanup()
+
+
+def test_redis_over_a_unix_socket_as_envoyproxy_ratelimit_names_it(
+        tmp_path: Path, write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
+    socket_path = tmp_path / "redis.sock"
+    server = RedisServer()
+    server.extra_args = ("--unixsocket", str(socket_path), "--unixsocketperm", "700")
+    server.start()
+    try:
+        served = serve(write_config(CONFIG), url=str(socket_path), env={"REDIS_SOCKET_TYPE": "unix"})
+        stub = served.stub()
+        assert [stub.ShouldRateLimit(request("p", descriptor(("user", "u")))).overall_code for _ in range(3)] == [
+            OK, OK, OVER_LIMIT]
+        assert f"storage: redis at unix://{socket_path}" in served.output()
     finally:
         server.cleanup()
 

@@ -117,6 +117,10 @@ def test_envoyproxy_ratelimit_values_carry_over() -> None:
     assert Settings.load({"REDIS_URL": "redis.internal:6380"}).redis_url == "redis://redis.internal:6380"
     assert Settings.load({"REDIS_URL": "/run/redis.sock", "REDIS_SOCKET_TYPE": "unix"}).redis_url == (
         "unix:///run/redis.sock")
+    relative = Settings.load({"REDIS_URL": "redis.sock", "REDIS_SOCKET_TYPE": "unix"}).redis_url
+    assert relative == f"unix://{Path.cwd() / 'redis.sock'}"
+    with pytest.raises(SettingsError, match="names no socket path"):
+        Settings.load({"REDIS_URL": "unix://redis.sock"})  # the name is taken for a host
     assert Settings.load({"REDIS_URL": "rediss://r:6380"}).redis_url == "rediss://r:6380"
     assert Settings.load({"REDIS_TYPE": "cluster", "REDIS_URL": "a:1,b:2"}).redis_url == "a:1,b:2"
     assert [Settings.load({"LOG_LEVEL": level}).log_level for level in ("WARN", "trace", "Info", "panic")] == [

@@ -98,7 +98,7 @@ class ConfigWatcher:
         self._metrics.config_load_success.inc()
         log.info("config reloaded: %d domains, %d limits", len(config.domains), config.limit_count())
         if not config.domains:
-            log.warning("no domain in %s (no *.yaml or *.yml files): every descriptor is unlimited", self._directory)
+            log.warning("no domain in %s: every request will be answered OK with no limit", self._directory)
         return True
 
     async def run(self, stop: asyncio.Event) -> None:

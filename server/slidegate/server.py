@@ -159,8 +159,6 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
             settings.grpc_host, port, " (TLS)" if credentials else "", settings.http_host, http_port,
             settings.debug_host, debug_port, len(config.domains), config.limit_count(), directory,
         )
-        if not config.domains:
-            log.warning("no domain in %s (no *.yaml or *.yml files): every descriptor is unlimited", directory)
         log.info("storage: %s", backend.describe())
         if ready is not None:
             ready.set()

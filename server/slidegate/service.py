@@ -272,7 +272,9 @@ class RateLimitService:
         degraded = next((s for s in statuses if s.degraded), None)
         if degraded and degraded.degraded:
             self.metrics.degraded.labels(degraded.degraded).inc()
-            if not degraded.late:  # a caller in a hurry says nothing of the storage's health
+            # a caller in a hurry says nothing of the storage's health (the health ping, which opens the breaker,
+            # has the whole REDIS_TIMEOUT to tell)
+            if not degraded.late:
                 self.metrics.storage_errors.inc()
                 self._log_failure(BackendUnavailable(f"decided by failure mode {degraded.degraded}"))
         else:

@@ -7,6 +7,7 @@ README.md's settings table lists them all and a test keeps it equal to ``SPECS``
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -290,7 +291,8 @@ class Settings:
         url = values["redis_url"].strip()
         if values["redis_type"] == "single" and url and "://" not in url:
             # envoyproxy/ratelimit's REDIS_URL: host:port, or a socket path with REDIS_SOCKET_TYPE=unix
-            values["redis_url"] = ("unix://" if values["redis_socket_type"] == "unix" else "redis://") + url
+            unix = values["redis_socket_type"] == "unix"
+            values["redis_url"] = "unix://" + os.path.abspath(url) if unix else "redis://" + url
         settings = cls(**values)
         settings.check()
         return settings

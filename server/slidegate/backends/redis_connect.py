@@ -72,7 +72,9 @@ def redact(url: str) -> str:
         pairs = parse_qsl(parts.query, keep_blank_values=True)
         query = [(k, "***" if k.lower() == "password" else v) for k, v in pairs]
         parts = parts._replace(query=urlencode(query, safe="*"))
-    return urlunsplit(parts)
+    text = urlunsplit(parts)
+    # urlunsplit writes unix:///path as unix:/path (no host): keep the form the URL was given in
+    return "unix://" + text.removeprefix("unix:") if parts.scheme == "unix" and not parts.netloc else text
 
 
 def check_url(url: str, redis_type: str = "single") -> None:
@@ -98,6 +100,8 @@ def _check_single_url(url: str) -> None:
         raise ValueError(f"Redis URL {redact(url)!r}: {exc}") from exc
     if parts.scheme != "unix" and not parts.hostname:
         raise ValueError(f"Redis URL {redact(url)!r} names no host")
+    if parts.scheme == "unix" and not parts.path:
+        raise ValueError(f"Redis URL {redact(url)!r} names no socket path (unix:///path/to/redis.sock)")
     database = parts.path.strip("/") if parts.scheme != "unix" else ""
     if database and not database.isdecimal():
         # redis-py would read /abc as database 0 and /1/5 as 15
