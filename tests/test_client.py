@@ -108,3 +108,11 @@ def test_in_process_limiter_with_redis_down(write_config: Callable[..., Path], p
     with pytest.raises(RateLimitUnavailable):
         limiter.should_rate_limit_blocking("c", [[("k", "r")]])
     assert time.monotonic() - started < 1.0
+
+
+def test_the_client_command_reads_commas_and_equals_in_values() -> None:
+    from slidegate.cli import _split_entries
+
+    assert _split_entries("path=/a=b,x=y") == ["path=/a=b", "x=y"]  # '=' after the first is the value's
+    assert _split_entries(r"q=a\,b,r=c\\d") == ["q=a,b", r"r=c\d"]
+    assert _split_entries("k=") == ["k="]

@@ -102,11 +102,27 @@ def demo(redis_url: str) -> None:
     sys.exit(run_demo(redis_url))
 
 
+def _split_entries(text: str) -> list[str]:
+    """``k=v,k2=v2`` → its entries; ``\\,`` is a comma inside a value and ``\\\\`` a backslash."""
+    entries, current, chars = [], [], iter(text)
+    for char in chars:
+        if char == "\\":
+            current.append(next(chars, "\\"))
+        elif char == ",":
+            entries.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    entries.append("".join(current))
+    return entries
+
+
 @main.command()
 @click.option("--target", default="127.0.0.1:8081", show_default=True, help="host:port of the rate-limit service.")
 @click.option("--domain", required=True, help="Rate-limit domain.")
 @click.option("--descriptor", "descriptors", multiple=True, required=True, metavar="K=V[,K2=V2...]",
-              help="One descriptor (repeat for several): its entries in order.")
+              help="One descriptor (repeat for several): its entries in order; a value may hold '=', and '\\,' "
+                   "for a comma.")
 @click.option("--hits", type=click.IntRange(0, 4294967295), default=0, help="Request hits_addend (0 means 1).")
 @click.option("--timeout", default=2.0, show_default=True, type=click.FloatRange(min=0.001), help="Seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print the decision as JSON.")
@@ -130,7 +146,7 @@ def client(target: str, domain: str, descriptors: tuple[str, ...], hits: int, ti
     specs = []
     for text in descriptors:
         entries = []
-        for pair in text.split(","):
+        for pair in _split_entries(text):
             key, sep, value = pair.partition("=")
             if not sep or not key:
                 raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--descriptor")
