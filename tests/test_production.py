@@ -345,6 +345,8 @@ def test_json_bodies_that_cannot_be_read_are_bad_requests(write_config: Callable
         with pytest.raises(urllib.error.HTTPError) as caught:
             urllib.request.urlopen(req, timeout=5)
         assert caught.value.code == 400
+    status, text = served.http("/json", b"{" + b" " * (2 << 20) + b"}")  # over aiohttp's 1 MiB
+    assert status == 413 and "Maximum request body size" in json.loads(text)["error"]
     # the service goes on answering, and the bodies it refused are no tracebacks in its log
     assert served.http("/json", json_request("p", ("user", "after")))[0] == 200
     assert "Traceback" not in served.output()

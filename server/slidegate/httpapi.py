@@ -39,6 +39,8 @@ def make_app(service: RateLimitService, config: Callable[[], Config], health: He
             domain, descriptors = parse_request(lenient)
         except (json_format.ParseError, UnicodeDecodeError, InvalidRequest) as exc:
             return web.json_response({"error": str(exc)}, status=400)
+        except web.HTTPRequestEntityTooLarge as exc:  # every answer of /json is JSON
+            return web.json_response({"error": exc.text}, status=exc.status)
         except web.HTTPException:
             raise
         except Exception as exc:  # a body aiohttp cannot read (bad encoding, bad compression): the client's fault
