@@ -89,7 +89,7 @@ def test_limit_through_envoy_then_fail_open(envoy_stack: Stack) -> None:
     assert headers["x-envoy-ratelimited"] == "true"
     assert headers["x-ratelimit-limit"] == f'{LIMIT}, {LIMIT};w=3600;name="everyone"'
     assert headers["x-ratelimit-remaining"] == "0"
-    assert 3590 < int(headers["x-ratelimit-reset"]) < 3600
+    assert 3590 < int(headers["x-ratelimit-reset"]) <= 3600  # rounded up: when the oldest hit has left
     # slidegate stopped: Envoy's failure_mode_deny: false lets requests through
     assert stack.stop(envoy_stack.slidegate) == 0
     status, headers = get(envoy_stack.envoy_port, "/hello")

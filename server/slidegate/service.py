@@ -128,9 +128,14 @@ def build_response(
             out.current_limit.unit_multiplier.value = limit.unit_multiplier
         if limit.name:
             out.current_limit.name = limit.name
-        seconds, micros = divmod(status.reset_us, 1_000_000)
-        out.duration_until_reset.seconds = seconds
-        out.duration_until_reset.nanos = micros * 1000
+        if status.over:
+            # when this request would fit, rounded up: Envoy drops the fraction (x-ratelimit-reset,
+            # retry-after), so 0.4 s would tell its clients to retry at once and be refused again
+            out.duration_until_reset.seconds = -(-status.reset_us // 1_000_000)
+        else:
+            seconds, micros = divmod(status.reset_us, 1_000_000)
+            out.duration_until_reset.seconds = seconds
+            out.duration_until_reset.nanos = micros * 1000
     if options.dynamic_metadata:
         response.dynamic_metadata.CopyFrom(_metadata(domain, descriptors, statuses))
     if options.headers:
