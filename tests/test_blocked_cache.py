@@ -128,10 +128,64 @@ async def test_long_keys_are_bounded_by_their_size(
             for _ in range(2):
                 await limiter.should_rate_limit("c", [Descriptor((("k", f"{i}" + "x" * 10_000),))])
             assert 0 < backend._key_chars <= 100_000
-            assert backend._key_chars == sum(len(identity[0]) for identity in backend._blocked)
+            assert backend._key_chars == sum(len(key) for key in backend._blocked)
         remembered = len(backend._blocked)
         assert 0 < remembered < 10
         [over] = await limiter.should_rate_limit("c", [Descriptor((("k", "39" + "x" * 10_000),))])
         assert over.over  # the newest is still answered
+    finally:
+        await backend.close()
+
+
+async def test_hits_given_back_under_another_version_of_the_limit_forget_it_too(
+        write_config: Callable[..., Path], redis_url: str, key_prefix: str, clock: Clock) -> None:
+    configs = [load_directory(write_config(config_text(3)))]
+    backend = OverLimitCache(RedisBackend(redis_url, timeout=1))
+    limiter = Limiter(lambda: configs[-1], backend, LimiterOptions(key_prefix=key_prefix), clock=clock)
+    try:
+        assert not (await limiter.should_rate_limit("c", [d("k", hits=3)]))[0].over
+        assert (await limiter.should_rate_limit("c", [d("k")]))[0].over  # remembered under the limit of 3
+        configs.append(load_directory(write_config(config_text(5))))  # a reload, and back again later
+        give = Descriptor((("k", "v"),), hits_addend=3, negative=True)
+        assert (await limiter.should_rate_limit("c", [give]))[0].remaining == 5
+        configs.append(load_directory(write_config(config_text(3))))
+        [after] = await limiter.should_rate_limit("c", [d("k")])
+        assert (after.over, after.remaining) == (False, 2)  # not the rejection remembered before
+    finally:
+        await backend.close()
+
+
+async def test_hits_of_a_call_that_failed_forget_the_limit(
+        write_config: Callable[..., Path], private_redis: RedisServer, clock: Clock) -> None:
+    # a give-back whose deadline ran out may still have reached Redis: its room must be asked for again
+    config = load_directory(write_config(config_text(2)))
+    backend = OverLimitCache(RedisBackend(private_redis.url, timeout=0.2))
+    limiter = Limiter(lambda: config, backend, clock=clock)
+    try:
+        assert not (await limiter.should_rate_limit("c", [d("k", hits=2)]))[0].over
+        assert (await limiter.should_rate_limit("c", [d("k")]))[0].over
+        assert backend._blocked
+        private_redis.stop()
+        with pytest.raises(BackendUnavailable):
+            await limiter.should_rate_limit("c", [Descriptor((("k", "v"),), hits_addend=1, negative=True)])
+        assert not backend._blocked
+    finally:
+        await backend.close()
+
+
+@pytest.mark.parametrize(("stop_when_over", "remembered"), [(False, False), (True, True)])
+async def test_a_fixed_window_counting_denied_hits_is_never_answered_here(
+        write_config: Callable[..., Path], redis_url: str, key_prefix: str, clock: Clock, stop_when_over: bool,
+        remembered: bool) -> None:
+    # envoyproxy/ratelimit's fixed window counts the hits of rejected requests: each must reach Redis
+    config = load_directory(write_config(config_text(2).replace("requests_per_unit: 2",
+                                                                "requests_per_unit: 2\n      algorithm: fixed_window")))
+    backend = OverLimitCache(RedisBackend(redis_url, timeout=1))
+    limiter = Limiter(lambda: config, backend, LimiterOptions(key_prefix=key_prefix, stop_when_over=stop_when_over),
+                      clock=clock)
+    try:
+        for _ in range(3):
+            await limiter.should_rate_limit("c", [d("k")])
+        assert bool(backend._blocked) is remembered
     finally:
         await backend.close()

@@ -9,10 +9,12 @@ is what keeps an attack on one hot key from costing a Redis round trip per reque
 Only rejections are cached, never an OK. A request is answered here only when every one of its limits is
 cached as over (a request that also names a limit with room must still learn that limit's remaining hits from
 the storage); shadow limits, check-only or give-back requests, a different number of hits (whose retry time
-differs) and requests naming one limit twice always go to the storage. Hits counted or
-given back (``is_negative_hits``) on a limit through this process forget its remembered rejection. One
-caveat: hits given back through another replica can make room before the cached time, which this cache
-learns only when it expires, and hits counted by another replica make the cached retry time early.
+differs) and requests naming one limit twice always go to the storage, and a fixed window that counts the hits
+of rejected requests (envoyproxy/ratelimit's default) is never cached. Hits counted or given back
+(``is_negative_hits``) on a key through this process — under any version of its limit, and also when the call
+failed, since the storage may have applied them — forget its remembered rejection. Caveats: hits given back
+through another replica, or a Redis that restarted empty, can make room before the cached time, which this
+cache learns only when it expires, and hits counted by another replica make the cached retry time early.
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from slidegate.algorithms import Algorithm
 from slidegate.backends.base import Backend, Check, Decision, Outcome
 
-Identity = tuple[str, int, int, int | None, str, bool]
+Params = tuple[int, int, int | None, bool]
 
 
-def _identity(c: Check) -> Identity:
-    return c.key, c.limit, c.window_us, c.burst, c.algorithm.value, c.stop_when_over
+def _params(c: Check) -> Params:
+    # the key names domain, entries and algorithm; these name the rest of the limit (a reload may change them)
+    return c.limit, c.window_us, c.burst, c.stop_when_over
 
 
 class OverLimitCache:
@@ -40,7 +44,9 @@ class OverLimitCache:
         self._max_entries = max_entries
         self._max_key_chars = max_key_chars
         self._key_chars = 0  # of the remembered limits' keys
-        self._blocked: dict[Identity, tuple[int, int]] = {}  # identity -> (over until, µs; hits it was over for)
+        # storage key -> (the limit's parameters, over until in µs, hits it was over for): one entry per key, so
+        # that hits counted or given back under any version of a limit forget what another version remembered
+        self._blocked: dict[str, tuple[Params, int, int]] = {}
 
     def describe(self) -> str:
         return self._backend.describe()
@@ -60,35 +66,49 @@ class OverLimitCache:
         if simple and checks and self._blocked:
             outcomes = []
             for c in checks:
-                entry = self._blocked.get(_identity(c)) if c.hits > 0 and not c.shadow else None
-                if entry is None or entry[0] <= now or c.hits != entry[1]:
+                entry = self._blocked.get(c.key) if c.hits > 0 and not c.shadow else None
+                if entry is None or entry[0] != _params(c) or entry[1] <= now or c.hits != entry[2]:
                     break
-                outcomes.append(Outcome(over=True, remaining=0, reset_us=entry[0] - now))
+                outcomes.append(Outcome(over=True, remaining=0, reset_us=entry[1] - now))
             else:
                 return Decision(False, outcomes)
-        decision = await self._backend.decide(checks, now_us, timeout)
+        try:
+            decision = await self._backend.decide(checks, now_us, timeout)
+        except BaseException:
+            # the storage may have counted or given back these hits all the same (a deadline that ran out
+            # after the script was sent)
+            if self._blocked:
+                for c in checks:
+                    if c.hits != 0:
+                        self._forget(c.key)
+            raise
         for c, outcome in zip(checks, decision.outcomes, strict=True):
             if not outcome.over:
                 # hits counted push a remembered rejection's retry time back; hits given back may make room
                 # at once
-                if self._blocked and c.hits != 0 and self._blocked.pop(_identity(c), None) is not None:
-                    self._key_chars -= len(c.key)
+                if self._blocked and c.hits != 0:
+                    self._forget(c.key)
                 continue
-            # more hits than the limit can ever hold are over for good, and reported with a fixed reset
+            # more hits than the limit can ever hold are over for good, and reported with a fixed reset; a
+            # fixed window that counts denied hits (envoyproxy/ratelimit's) must see every one of them
             fits_some_day = c.hits <= (c.limit if c.burst is None else max(c.limit, c.burst))
-            if simple and c.hits > 0 and fits_some_day and not c.shadow and outcome.reset_us > 0:
-                identity = _identity(c)
-                if identity not in self._blocked:
+            counts_denied = c.algorithm is Algorithm.FIXED_WINDOW and not c.stop_when_over
+            if simple and c.hits > 0 and fits_some_day and not c.shadow and outcome.reset_us > 0 and not counts_denied:
+                if c.key not in self._blocked:
                     if (len(self._blocked) >= self._max_entries
                             or self._key_chars + len(c.key) > self._max_key_chars):
                         self._forget_expired(now)
                     self._key_chars += len(c.key)
-                self._blocked[identity] = (now + outcome.reset_us, c.hits)
+                self._blocked[c.key] = (_params(c), now + outcome.reset_us, c.hits)
         return decision
 
+    def _forget(self, key: str) -> None:
+        if self._blocked.pop(key, None) is not None:
+            self._key_chars -= len(key)
+
     def _forget_expired(self, now: int) -> None:
-        self._blocked = {k: v for k, v in self._blocked.items() if v[0] > now}
-        self._key_chars = sum(len(k[0]) for k in self._blocked)
+        self._blocked = {k: v for k, v in self._blocked.items() if v[1] > now}
+        self._key_chars = sum(len(k) for k in self._blocked)
         if len(self._blocked) >= self._max_entries or self._key_chars > self._max_key_chars // 2:
             self._blocked.clear()  # only an optimisation: forgetting everything is always correct
             self._key_chars = 0
