@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from slidegate.backends.base import BackendUnavailable
+from slidegate.algorithms import Algorithm
+from slidegate.backends.base import BackendUnavailable, Check
 from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import load_directory
@@ -187,5 +188,18 @@ async def test_a_fixed_window_counting_denied_hits_is_never_answered_here(
         for _ in range(3):
             await limiter.should_rate_limit("c", [d("k")])
         assert bool(backend._blocked) is remembered
+    finally:
+        await backend.close()
+
+
+async def test_hits_beyond_a_buckets_burst_are_not_remembered(redis_url: str, key_prefix: str) -> None:
+    # more than the burst never fits, whatever the limit: its answer is the storage's fixed one, never a count-down
+    backend = OverLimitCache(RedisBackend(redis_url, timeout=1))
+    check = Check(f"{key_prefix}bucket", 8, 10_000_000, 3, Algorithm.TOKEN_BUCKET, burst=2)
+    try:
+        for at in (0, 1):
+            decision = await backend.decide([check], 1_700_000_000_000_000 + at)
+            assert (decision.admitted, decision.outcomes[0].reset_us) == (False, 2_500_000)
+        assert not backend._blocked
     finally:
         await backend.close()

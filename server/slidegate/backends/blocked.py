@@ -91,7 +91,7 @@ class OverLimitCache:
                 continue
             # more hits than the limit can ever hold are over for good, and reported with a fixed reset; a
             # fixed window that counts denied hits (envoyproxy/ratelimit's) must see every one of them
-            fits_some_day = c.hits <= (c.limit if c.burst is None else max(c.limit, c.burst))
+            fits_some_day = c.hits <= (c.limit if c.burst is None else c.burst)  # a bucket holds burst at most
             counts_denied = c.algorithm is Algorithm.FIXED_WINDOW and not c.stop_when_over
             if simple and c.hits > 0 and fits_some_day and not c.shadow and outcome.reset_us > 0 and not counts_denied:
                 if c.key not in self._blocked:
