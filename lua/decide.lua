@@ -76,7 +76,11 @@ local function decide(k0, a0, n, reply)
 
   for _, key in ipairs(order) do
     local st = states[key]
-    if admitted == 1 or st.counts_denied then st.algorithm.save(st, now) end
+    if admitted == 1 or st.counts_denied then
+      st.algorithm.save(st, now)
+    elseif st.algorithm.keep then
+      st.algorithm.keep(st, now)
+    end
   end
 
   reply[#reply + 1] = admitted

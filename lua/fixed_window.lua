@@ -2,7 +2,9 @@
 --
 -- Parameters: p1 = limit (hits per window), p2 = window W (microseconds), p3 = 1 to stop counting hits of
 --   requests that are over limit (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true), else 0.
--- Key: a hash {w = index of the window (floor(t / W), epoch-aligned), c = hits counted in it}.
+-- Key: a hash {w = index of the window (floor(t / W), epoch-aligned), c = hits counted in it, W = the window
+--   length it was counted in: a reload that changes the unit makes the index mean another time, so a count
+--   of another length is not carried over (as envoyproxy/ratelimit, whose keys name the window's start)}.
 -- As in envoyproxy/ratelimit, hits are counted even when the request is over limit (on this or on any
 -- other descriptor) unless p3 = 1; over limit when the count after adding hits exceeds the limit.
 -- Reset: the end of the window, over limit or not.
@@ -11,9 +13,10 @@
 algorithms.fixed_window = {
   load = function(key, limit, window, stop_when_over, now)
     local idx = math.floor(now / window)
-    local stored = redis.call('HMGET', key, 'w', 'c')
+    local stored = redis.call('HMGET', key, 'w', 'c', 'W')
     local count = 0
     local w = tonumber(stored[1])
+    if stored[3] and tonumber(stored[3]) ~= window then w = nil end
     if w and w > idx then idx = w end  -- the clock went back: keep counting in the newest window seen
     if w == idx then count = tonumber(stored[2]) or 0 end
     return {
@@ -41,7 +44,7 @@ algorithms.fixed_window = {
 
   save = function(st, now)
     if not st.changed then return end
-    redis.call('HSET', st.key, 'w', fmt(st.idx), 'c', fmt(st.count))
+    redis.call('HSET', st.key, 'w', fmt(st.idx), 'c', fmt(st.count), 'W', fmt(st.window))
     pexpire_us(st.key, (st.idx + 1) * st.window - now)
   end,
 }

@@ -3,7 +3,8 @@
 --
 -- Parameters: p1 = limit (hits per window), p2 = window W (microseconds), p3 unused.
 -- Key: a hash {i = index of the current window (floor(t / W)), c = hits in it, p = hits in the window
---   before}: both windows live in one key, so in one Redis Cluster slot; O(1) memory.
+--   before, W = the window length they were counted in}: both windows live in one key, so in one Redis
+--   Cluster slot; O(1) memory. Counts of another length (a reload changed the unit) are not carried over.
 -- Estimate at time now, e = now - i*W into the current window:
 --   counted = c + p * (W - e) / W   (doubles, computed in this order by every implementation)
 -- Over limit when counted + hits > limit. remaining = floor(limit - counted).
@@ -14,9 +15,10 @@
 algorithms.sliding_window_counter = {
   load = function(key, limit, window, _, now)
     local idx = math.floor(now / window)
-    local stored = redis.call('HMGET', key, 'i', 'c', 'p')
+    local stored = redis.call('HMGET', key, 'i', 'c', 'p', 'W')
     local cur, prev = 0, 0
     local i = tonumber(stored[1])
+    if stored[4] and tonumber(stored[4]) ~= window then i = nil end
     if i and i > idx then idx = i end  -- the clock went back: keep counting in the newest window seen
     if i == idx then
       cur, prev = tonumber(stored[2]) or 0, tonumber(stored[3]) or 0
@@ -66,7 +68,7 @@ algorithms.sliding_window_counter = {
       redis.call('DEL', st.key)
       return
     end
-    redis.call('HSET', st.key, 'i', fmt(st.idx), 'c', fmt(st.cur), 'p', fmt(st.prev))
+    redis.call('HSET', st.key, 'i', fmt(st.idx), 'c', fmt(st.cur), 'p', fmt(st.prev), 'W', fmt(st.window))
     -- the current window's hits count until the end of the next window
     pexpire_us(st.key, (st.idx + 2) * st.window - now)
   end,

@@ -49,7 +49,7 @@ local function log_load(key, limit, window, _, now)
   end
   return {
     key = key, limit = limit, window = window, last = last, base = base, pend = 0, give = 0,
-    oldest = oldest,
+    oldest = oldest, newest = newest,
     -- hits are recorded after the newest one (1 µs later if the clock has not moved on or went back), so
     -- scores are distinct and C grows with them: Redis would order equal scores by name, as text
     at = newest and math.max(now, newest + 1) or now,
@@ -100,6 +100,13 @@ algorithms.sliding_window_log = {
     return 0, rem_before, reset_before, math.max(0, st.limit - counted()), reset(), 0
   end,
 
+  -- A request that writes nothing (rejected, or check-only) still renews the key's expiry from its newest
+  -- hit: a reload that made the window longer would otherwise let the key vanish with the old window's time
+  -- while its hits still count.
+  keep = function(st, now)
+    if st.newest then pexpire_us(st.key, st.newest + st.window - now) end
+  end,
+
   save = function(st, now)
     local key = st.key
     local last = st.last
@@ -121,7 +128,10 @@ algorithms.sliding_window_log = {
         give = give - weight
       end
     end
-    if st.pend == 0 and last == st.last then return end  -- nothing to write
+    if st.pend == 0 and last == st.last then  -- nothing to write
+      algorithms.sliding_window_log.keep(st, now)
+      return
+    end
     if last + st.pend - st.base <= 0 then
       redis.call('DEL', key)
       return

@@ -7,7 +7,9 @@
 -- (kept below 2^53 by config validation, so every sum here is an exact integer in a Lua double).
 -- Parameters: p1 = capacity in ticks (burst * W), p2 = W (ticks per token), p3 = R (ticks per microsecond;
 --   0 when requests_per_unit is 0: the bucket never refills).
--- Key: a hash {t = ticks in the bucket, u = microsecond of the last update}; no key means a full bucket.
+-- Key: a hash {t = ticks in the bucket, u = microsecond of the last update, p = ticks per token then}; no
+--   key means a full bucket. A reload that changes the rate or the window changes a tick's size: the tokens
+--   carry over (rounded down), not the number of ticks.
 -- Over limit when the bucket holds fewer than hits * W ticks. remaining = whole tokens left.
 -- Reset within limit: time until the bucket is full again; over limit: time until hits tokens are there.
 -- Hits that never fit (more than burst) are told the time the bucket takes to fill from empty (one window
@@ -27,11 +29,13 @@ end
 
 algorithms.token_bucket = {
   load = function(key, capacity, per_token, per_us, now)
-    local stored = redis.call('HMGET', key, 't', 'u')
+    local stored = redis.call('HMGET', key, 't', 'u', 'p')
     local ticks = capacity
     local updated = now
     if stored[1] then
       ticks = tonumber(stored[1])
+      local was = tonumber(stored[3])
+      if was and was ~= per_token then ticks = math.floor(ticks / was * per_token) end
       -- time never runs backwards for a bucket: an earlier clock refills nothing and moves nothing back
       updated = math.max(now, tonumber(stored[2]))
       local elapsed = now - tonumber(stored[2])
@@ -79,7 +83,7 @@ algorithms.token_bucket = {
       redis.call('DEL', st.key)
       return
     end
-    redis.call('HSET', st.key, 't', fmt(st.ticks), 'u', fmt(st.updated))
+    redis.call('HSET', st.key, 't', fmt(st.ticks), 'u', fmt(st.updated), 'p', fmt(st.per_token))
     if st.per_us > 0 then
       pexpire_us(st.key, ceil_div(st.capacity - st.ticks, st.per_us))
     else

@@ -238,3 +238,54 @@ async def test_no_key_without_a_ttl(redis_url: str, key_prefix: str) -> None:
     assert len(ttls) >= len(ALL)
     # every key expires, in at most the time its state matters (two windows for the counter)
     assert all(0 < ttl <= 2 * WINDOW // 1000 for ttl in ttls.values()), ttls
+
+
+@pytest.mark.parametrize("algorithm", [COUNTER, FIXED])
+async def test_a_window_made_longer_by_a_reload_starts_afresh(
+    backend: Backend, key_prefix: str, algorithm: Algorithm
+) -> None:
+    # a count kept by window number means another time once the window's length changes: it must not be read
+    # as a window decades ahead (the counter would never decay, the fixed window reject until then)
+    key = f"{key_prefix}longer"
+
+    async def hit(window: int, at: float, hits: int = 1) -> tuple[bool, int, int]:
+        decision = await backend.decide([Check(key, 3, window, hits, algorithm)], T0 + round(at * S))
+        return decision.outcomes[0].over, decision.outcomes[0].remaining, decision.outcomes[0].reset_us
+
+    assert await hit(WINDOW, 1.0, hits=3) == (False, 0, 9 * S)
+    longer = 60 * S
+    over, remaining, reset = await hit(longer, 2.0)
+    assert not over and remaining == 2 and reset <= longer
+    assert (await hit(longer, 2.0, hits=2))[:2] == (False, 0)
+    assert (await hit(longer, 2.0))[0]  # and from here it counts in the longer window
+
+
+async def test_a_buckets_tokens_carry_over_a_change_of_rate(backend: Backend, key_prefix: str) -> None:
+    key = f"{key_prefix}rate"
+
+    async def take(limit: int, hits: int = 1) -> bool:
+        decision = await backend.decide([Check(key, limit, 60 * S, hits, BUCKET)], T0)
+        return decision.admitted
+
+    assert await take(3, hits=2)  # 1 token left of 3
+    assert await take(7)  # the same token, counted in the finer ticks of 7 a minute
+    assert not await take(7)
+    assert await take(7, hits=-1)  # give it back
+    assert await take(3)  # one token, whatever the rate
+    assert not await take(3)
+
+
+async def test_a_log_rejection_renews_the_keys_expiry(redis_url: str, key_prefix: str) -> None:
+    # a reload that made the window longer: the key must live as long as its hits count in the new window
+    backend = RedisBackend(redis_url)
+    key = f"{key_prefix}renew"
+    try:
+        for _ in range(3):
+            await backend.decide([Check(key, 3, 60 * S, 1)])
+        assert not (await backend.decide([Check(key, 3, 3600 * S, 1)])).admitted
+        client = redis.Redis.from_url(redis_url)
+        ttl = client.pttl(key)
+        client.close()
+        assert 3_590_000 < ttl <= 3_600_000
+    finally:
+        await backend.close()

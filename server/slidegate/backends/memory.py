@@ -51,6 +51,12 @@ class _Store:
     def delete(self, key: str) -> None:
         self._data.pop(key, None)
 
+    def extend(self, key: str, ttl_us: int) -> None:
+        """Make a key live at least ``ttl_us`` more (never less: the decisions' clock may be a test's)."""
+        if key in self._data:
+            value, expires = self._data[key]
+            self._data[key] = (value, max(expires, _monotonic_us() + max(1, math.ceil(ttl_us / 1000)) * 1000))
+
     def update(self, key: str, value: Any) -> None:
         """Replace a key's value, keeping its expiry."""
         if key in self._data:
@@ -164,9 +170,16 @@ class _Log:
         elif self.pend > 0:
             store.set(self.key, log, now, self.at + self.window - now)
         else:
-            # only given back: the expiry set with the newest hit still holds (the Lua leaves it too; measured
-            # from now, on an injected clock, it could end long before the hits leave the window)
+            # only given back, or nothing: the expiry set with the newest hit still holds, renewed as by a
+            # rejection (keep)
             store.update(self.key, log)
+            self.keep(store, now)
+
+    def keep(self, store: _Store, now: int) -> None:
+        """Renew the key's expiry from its newest hit (as lua/sliding_window_log.lua's keep): a reload that made
+        the window longer must not let it vanish with the old window's time."""
+        if self.hits.times:
+            store.extend(self.key, self.hits.times[-1] + self.window - now)
 
 
 @dataclass
@@ -186,6 +199,8 @@ class _Counter:
         idx = now // window
         cur = prev = 0
         stored = store.get(key, now)
+        if stored is not None and stored[3] != window:
+            stored = None  # counted in windows of another length (a reload): not carried over, as in the Lua
         if stored is not None:
             idx = max(idx, stored[0])  # the clock went back: keep counting in the newest window seen
             if stored[0] == idx:
@@ -230,7 +245,7 @@ class _Counter:
         if self.cur == 0 and self.prev == 0:
             store.delete(self.key)
             return
-        store.set(self.key, (self.idx, self.cur, self.prev), now, (self.idx + 2) * self.window - now)
+        store.set(self.key, (self.idx, self.cur, self.prev, self.window), now, (self.idx + 2) * self.window - now)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -258,7 +273,9 @@ class _Bucket:
         updated = now
         stored = store.get(key, now)
         if stored is not None:
-            ticks, before = stored
+            ticks, before, was = stored
+            if was != per_token:  # a reload changed a tick's size: the tokens carry over, as in the Lua
+                ticks = ticks * per_token // was
             updated = max(now, before)
             elapsed = now - before
             if elapsed > 0 and per_us > 0:
@@ -293,7 +310,7 @@ class _Bucket:
             store.delete(self.key)
             return
         ttl = _ceil_div(self.capacity - self.ticks, self.per_us) if self.per_us else NEVER_US
-        store.set(self.key, (self.ticks, self.updated), now, ttl)
+        store.set(self.key, (self.ticks, self.updated, self.per_token), now, ttl)
 
 
 @dataclass
@@ -312,6 +329,8 @@ class _Fixed:
     def load(cls, store: _Store, key: str, limit: int, window: int, stop_when_over: int, now: int) -> _Fixed:
         idx = now // window
         stored = store.get(key, now)
+        if stored is not None and stored[2] != window:
+            stored = None  # counted in windows of another length (a reload): not carried over, as in the Lua
         if stored is not None:
             idx = max(idx, stored[0])  # the clock went back: keep counting in the newest window seen
         count = stored[1] if stored is not None and stored[0] == idx else 0
@@ -334,7 +353,7 @@ class _Fixed:
 
     def save(self, store: _Store, now: int) -> None:
         if self.changed:
-            store.set(self.key, (self.idx, self.count), now, (self.idx + 1) * self.window - now)
+            store.set(self.key, (self.idx, self.count, self.window), now, (self.idx + 1) * self.window - now)
 
 
 _LOADERS: dict[Algorithm, Callable[..., _State]] = {
@@ -377,6 +396,8 @@ class MemoryBackend:
         for state in states.values():
             if admitted or state.counts_denied:
                 state.save(self._store, now)
+            elif isinstance(state, _Log):
+                state.keep(self._store, now)
         outcomes = []
         for check, (state, (over, _, _, rem_after, reset_after, over_reset)) in zip(checks, answers, strict=True):
             if over:
