@@ -35,6 +35,14 @@ local function pexpire_us(key, us)
   redis.call('PEXPIRE', key, fmt(ms))
 end
 
+-- Make `key` live at least `us` more microseconds (never less: a key may rightly outlive its last hit).
+local function extend_us(key, us)
+  local ms = math.ceil(us / 1000)
+  if ms < 1 then ms = 1 end
+  local ttl = redis.call('PTTL', key)
+  if ttl == -1 or (ttl >= 0 and ttl < ms) then redis.call('PEXPIRE', key, fmt(ms)) end
+end
+
 --@@ALGORITHMS@@
 
 local now

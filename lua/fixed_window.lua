@@ -16,7 +16,9 @@ algorithms.fixed_window = {
     local stored = redis.call('HMGET', key, 'w', 'c', 'W')
     local count = 0
     local w = tonumber(stored[1])
-    if stored[3] and tonumber(stored[3]) ~= window then w = nil end
+    -- counted in windows of another length (a reload; a key from before 'W' was stored shows as an index
+    -- more than one window ahead): not carried over
+    if (stored[3] and tonumber(stored[3]) ~= window) or (w and w > idx + 1) then w = nil end
     if w and w > idx then idx = w end  -- the clock went back: keep counting in the newest window seen
     if w == idx then count = tonumber(stored[2]) or 0 end
     return {

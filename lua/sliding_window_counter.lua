@@ -18,7 +18,9 @@ algorithms.sliding_window_counter = {
     local stored = redis.call('HMGET', key, 'i', 'c', 'p', 'W')
     local cur, prev = 0, 0
     local i = tonumber(stored[1])
-    if stored[4] and tonumber(stored[4]) ~= window then i = nil end
+    -- counted in windows of another length (a reload; a key from before 'W' was stored shows as an index
+    -- more than one window ahead): not carried over
+    if (stored[4] and tonumber(stored[4]) ~= window) or (i and i > idx + 1) then i = nil end
     if i and i > idx then idx = i end  -- the clock went back: keep counting in the newest window seen
     if i == idx then
       cur, prev = tonumber(stored[2]) or 0, tonumber(stored[3]) or 0

@@ -104,7 +104,7 @@ algorithms.sliding_window_log = {
   -- hit: a reload that made the window longer would otherwise let the key vanish with the old window's time
   -- while its hits still count.
   keep = function(st, now)
-    if st.newest then pexpire_us(st.key, st.newest + st.window - now) end
+    if st.newest then extend_us(st.key, st.newest + st.window - now) end
   end,
 
   save = function(st, now)
@@ -142,6 +142,7 @@ algorithms.sliding_window_log = {
       pexpire_us(key, st.at + st.window - now)
     elseif last ~= st.last then
       redis.call('ZADD', key, '-' .. fmt(last), '#')
+      algorithms.sliding_window_log.keep(st, now)  -- only given back: the hits left still need their time
     end
     if last ~= st.last and last > 1125899906842624 then  -- 2^50: count from 0 again before C loses precision
       local members = redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'WITHSCORES')

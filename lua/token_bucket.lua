@@ -35,7 +35,7 @@ algorithms.token_bucket = {
     if stored[1] then
       ticks = tonumber(stored[1])
       local was = tonumber(stored[3])
-      if was and was ~= per_token then ticks = math.floor(ticks / was * per_token) end
+      if was and was ~= per_token then ticks = math.floor(ticks / was * per_token) end  -- in doubles, as memory.py
       -- time never runs backwards for a bucket: an earlier clock refills nothing and moves nothing back
       updated = math.max(now, tonumber(stored[2]))
       local elapsed = now - tonumber(stored[2])
@@ -48,7 +48,19 @@ algorithms.token_bucket = {
       end
       ticks = math.min(ticks, capacity)
     end
-    return {key = key, capacity = capacity, per_token = per_token, per_us = per_us, ticks = ticks, updated = updated}
+    return {key = key, capacity = capacity, per_token = per_token, per_us = per_us, ticks = ticks, updated = updated,
+            stored = stored[1] ~= false}
+  end,
+
+  -- A request that writes nothing (rejected, or check-only) still renews the key's expiry: after a reload to a
+  -- slower rate the bucket takes longer to fill, and must not come back full with the old rate's time.
+  keep = function(st, _)
+    if not st.stored or st.ticks >= st.capacity then return end
+    if st.per_us > 0 then
+      extend_us(st.key, ceil_div(st.capacity - st.ticks, st.per_us))
+    else
+      extend_us(st.key, NEVER_US)
+    end
   end,
 
   evaluate = function(st, hits, now)

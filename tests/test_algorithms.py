@@ -289,3 +289,41 @@ async def test_a_log_rejection_renews_the_keys_expiry(redis_url: str, key_prefix
         assert 3_590_000 < ttl <= 3_600_000
     finally:
         await backend.close()
+
+
+@pytest.mark.parametrize(("algorithm", "fields"), [(FIXED, ("w", "c")), (COUNTER, ("i", "c"))])
+async def test_a_key_from_before_window_lengths_were_stored_is_not_read_as_a_far_window(
+    redis_url: str, key_prefix: str, algorithm: Algorithm, fields: tuple[str, str]
+) -> None:
+    # an earlier version wrote no window length: its 1 s window number, read in hours, is decades ahead
+    key = f"{key_prefix}old"
+    client = redis.Redis.from_url(redis_url)
+    client.hset(key, mapping={fields[0]: T0 // S, fields[1]: 5})
+    client.pexpire(key, 60_000)
+    backend = RedisBackend(redis_url)
+    try:
+        decision = await backend.decide([Check(key, 10, 3600 * S, 1, algorithm)], T0)
+        assert (decision.admitted, decision.outcomes[0].remaining) == (True, 9)
+        assert 0 < client.pttl(key) <= 2 * 3600 * 1000
+    finally:
+        await backend.close()
+        client.close()
+
+
+async def test_expiries_follow_a_slower_rate_and_a_longer_window_without_writes(
+        redis_url: str, key_prefix: str) -> None:
+    backend = RedisBackend(redis_url)
+    client = redis.Redis.from_url(redis_url)
+    bucket, log = f"{key_prefix}slower", f"{key_prefix}gave"
+    try:
+        # a bucket drained at 10 a second, then a reload to 10 per 100 s: a rejection renews its expiry
+        assert (await backend.decide([Check(bucket, 10, S, 10, BUCKET)], T0)).admitted
+        assert not (await backend.decide([Check(bucket, 10, 100 * S, 1, BUCKET)], T0)).admitted
+        assert client.pttl(bucket) > 90_000
+        # a log whose window grew, then hits only given back: the rest still need the longer window
+        assert (await backend.decide([Check(log, 5, S, 2)], T0)).admitted
+        assert (await backend.decide([Check(log, 5, 100 * S, -1)], T0)).admitted
+        assert client.pttl(log) > 90_000
+    finally:
+        await backend.close()
+        client.close()

@@ -199,7 +199,7 @@ class _Counter:
         idx = now // window
         cur = prev = 0
         stored = store.get(key, now)
-        if stored is not None and stored[3] != window:
+        if stored is not None and (stored[3] != window or stored[0] > idx + 1):
             stored = None  # counted in windows of another length (a reload): not carried over, as in the Lua
         if stored is not None:
             idx = max(idx, stored[0])  # the clock went back: keep counting in the newest window seen
@@ -265,6 +265,7 @@ class _Bucket:
     per_us: int
     ticks: int
     updated: int  # time of the last update; never moves back
+    stored: bool = False  # the key existed
     counts_denied: bool = False
 
     @classmethod
@@ -274,14 +275,14 @@ class _Bucket:
         stored = store.get(key, now)
         if stored is not None:
             ticks, before, was = stored
-            if was != per_token:  # a reload changed a tick's size: the tokens carry over, as in the Lua
-                ticks = ticks * per_token // was
+            if was != per_token:  # a reload changed a tick's size: the tokens carry over, in doubles as the Lua
+                ticks = math.floor(ticks / was * per_token)
             updated = max(now, before)
             elapsed = now - before
             if elapsed > 0 and per_us > 0:
                 ticks = capacity if elapsed >= _ceil_div(capacity - ticks, per_us) else ticks + elapsed * per_us
             ticks = min(ticks, capacity)
-        return cls(key, capacity, per_token, per_us, ticks, updated)
+        return cls(key, capacity, per_token, per_us, ticks, updated, stored=stored is not None)
 
     def _until_full(self) -> int:
         if self.ticks >= self.capacity or self.per_us == 0:
@@ -304,6 +305,11 @@ class _Bucket:
             return True, rem_before, reset_before, 0, 0, over_reset
         self.ticks -= need
         return False, rem_before, reset_before, self.ticks // self.per_token, self._until_full(), 0
+
+    def keep(self, store: _Store, now: int) -> None:
+        """Renew the key's expiry on a request that writes nothing (as lua/token_bucket.lua's keep)."""
+        if self.stored and self.ticks < self.capacity:
+            store.extend(self.key, _ceil_div(self.capacity - self.ticks, self.per_us) if self.per_us else NEVER_US)
 
     def save(self, store: _Store, now: int) -> None:
         if self.ticks >= self.capacity:
@@ -329,7 +335,7 @@ class _Fixed:
     def load(cls, store: _Store, key: str, limit: int, window: int, stop_when_over: int, now: int) -> _Fixed:
         idx = now // window
         stored = store.get(key, now)
-        if stored is not None and stored[2] != window:
+        if stored is not None and (stored[2] != window or stored[0] > idx + 1):
             stored = None  # counted in windows of another length (a reload): not carried over, as in the Lua
         if stored is not None:
             idx = max(idx, stored[0])  # the clock went back: keep counting in the newest window seen
@@ -396,7 +402,7 @@ class MemoryBackend:
         for state in states.values():
             if admitted or state.counts_denied:
                 state.save(self._store, now)
-            elif isinstance(state, _Log):
+            elif isinstance(state, _Log | _Bucket):
                 state.keep(self._store, now)
         outcomes = []
         for check, (state, (over, _, _, rem_after, reset_after, over_reset)) in zip(checks, answers, strict=True):
