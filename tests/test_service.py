@@ -15,7 +15,7 @@ import pytest
 from slidegate import service as service_module
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from slidegate.backends.redis import RedisBackend
-from slidegate.config import load_directory
+from slidegate.config import Config, load_directory
 from slidegate.limiter import Limiter, LimiterOptions
 from slidegate.server import start_server
 from slidegate.service import RateLimitService
@@ -162,13 +162,18 @@ async def served(service: RateLimitService) -> AsyncIterator[rls_pb2_grpc.RateLi
         await server.stop(0)
 
 
+def reloadable_service(configs: list[Config], redis_url: str, key_prefix: str) -> tuple[RateLimitService, RedisBackend]:
+    """A service answering from the last of ``configs`` (append one to reload) and its backend, to close."""
+    backend = RedisBackend(redis_url)
+    return RateLimitService(Limiter(lambda: configs[-1], backend, LimiterOptions(key_prefix=key_prefix))), backend
+
+
 async def test_a_request_seen_before_is_matched_again_after_a_reload(
         write_config: Callable[..., Path], redis_url: str, key_prefix: str) -> None:
     # the service remembers each request's matched form by its bytes: a new config must not be answered
     # with the old one's limits
     configs = [load_directory(write_config(CONFIG))]
-    backend = RedisBackend(redis_url)
-    service = RateLimitService(Limiter(lambda: configs[-1], backend, LimiterOptions(key_prefix=key_prefix)))
+    service, backend = reloadable_service(configs, redis_url, key_prefix)
     try:
         async with served(service) as stub:
             same = request("api", descriptor(("client", "c")))
@@ -185,8 +190,7 @@ async def test_a_request_seen_before_is_matched_again_after_a_reload(
 async def test_an_old_config_is_not_kept_alive_by_remembered_requests(
         write_config: Callable[..., Path], redis_url: str, key_prefix: str) -> None:
     configs = [load_directory(write_config(CONFIG))]
-    backend = RedisBackend(redis_url)
-    service = RateLimitService(Limiter(lambda: configs[-1], backend, LimiterOptions(key_prefix=key_prefix)))
+    service, backend = reloadable_service(configs, redis_url, key_prefix)
     try:
         async with served(service) as stub:
             for reload in range(4):
