@@ -13,6 +13,7 @@ from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import load_directory
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions
+from slidegate.text import MAX_TEXT_CHARS
 from tests.conftest import Clock
 from tests.redis_servers import RedisServer
 
@@ -122,17 +123,18 @@ async def test_hits_given_back_make_room_at_once(
 async def test_long_keys_are_bounded_by_their_size(
         write_config: Callable[..., Path], private_redis: RedisServer, clock: Clock) -> None:
     config = load_directory(write_config(config_text(1)))
-    backend = OverLimitCache(RedisBackend(private_redis.url, timeout=0.2), max_key_chars=100_000)
+    backend = OverLimitCache(RedisBackend(private_redis.url, timeout=0.2), max_key_chars=2_000)
     limiter = Limiter(lambda: config, backend, clock=clock)
+    value = "x" * MAX_TEXT_CHARS  # the longest value kept whole in a key
     try:
-        for i in range(40):  # 40 limits of 10 KiB values over their limit: 400 KB of keys
+        for i in range(40):  # 40 limits over their limit: about 6 KB of keys
             for _ in range(2):
-                await limiter.should_rate_limit("c", [Descriptor((("k", f"{i}" + "x" * 10_000),))])
-            assert 0 < backend._key_chars <= 100_000
+                await limiter.should_rate_limit("c", [Descriptor((("k", f"{i:02}" + value[2:]),))])
+            assert 0 < backend._key_chars <= 2_000
             assert backend._key_chars == sum(len(key) for key in backend._blocked)
         remembered = len(backend._blocked)
-        assert 0 < remembered < 10
-        [over] = await limiter.should_rate_limit("c", [Descriptor((("k", "39" + "x" * 10_000),))])
+        assert 0 < remembered < 15
+        [over] = await limiter.should_rate_limit("c", [Descriptor((("k", "39" + value[2:]),))])
         assert over.over  # the newest is still answered
     finally:
         await backend.close()

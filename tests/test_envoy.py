@@ -97,6 +97,15 @@ def test_limit_through_envoy_then_fail_open(envoy_stack: Stack) -> None:
     assert "x-ratelimit-remaining" not in headers
 
 
+def test_long_values_cannot_escape_the_limit(envoy_stack: Stack) -> None:
+    assert [get(envoy_stack.envoy_port, "/long")[0] for _ in range(LIMIT)] == [200] * LIMIT
+    # Envoy forwards headers up to its 60 KiB limit: a long API key or query string is still a value to limit
+    # (refused as invalid, Envoy would let it through: failure_mode_deny is false)
+    attempts = [("/long", {"x-api-key": "k" * 20_000}), ("/long?" + "q" * 20_000, {}),
+                ("/long", {"x-api-key": "k" * 59 * 1024})]
+    assert [get(envoy_stack.envoy_port, path, headers)[0] for path, headers in attempts] == [429] * 3
+
+
 def test_header_bytes_that_are_not_utf8_are_limited(envoy_stack: Stack) -> None:
     # http.client sends header values as Latin-1: "\xff" goes out as the single byte 0xff, which Envoy forwards
     # to slidegate as it is; it must be limited like any other key, not fail open

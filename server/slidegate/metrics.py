@@ -4,7 +4,8 @@ becomes ``ratelimit_service_rate_limit_<stat>{domain, key}``).
 Label values come from the config (a rule's path of keys and values), never from request values, so the number
 of series is bounded by the config: request overrides share the key ``override``, wildcard and key-only rules
 count under their pattern, and ``detailed_metric``/``value_to_metric`` add at most ``DETAILED_VALUES`` request
-values per rule (later ones count under ``_other``).
+values per rule (later ones count under ``_other``), each at most MAX_TEXT_CHARS long (a longer one is shown
+as its digest).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 
-from slidegate.text import printable
+from slidegate.text import MAX_TEXT_CHARS, digest, printable
 
 DETAILED_VALUES = 100
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -54,10 +55,11 @@ class Metrics:
     def key(self, domain: str, rule_key: str, value: str, detailed: bool) -> str:
         """The ``key`` label of one decision: the rule's config path, plus the request value when the rule
         asks for detailed metrics and fewer than DETAILED_VALUES values were seen for it in its domain.
-        Request bytes that are not UTF-8 are shown as ``\\xNN``."""
+        Request bytes that are not UTF-8 are shown as ``\\xNN``, a value longer than MAX_TEXT_CHARS as its
+        digest."""
         if not detailed:
             return rule_key
-        value = printable(value)
+        value = digest(value) if len(value) > MAX_TEXT_CHARS else printable(value)
         seen = self._detailed.setdefault(f"{domain}\0{rule_key}", set())
         if value in seen or len(seen) < DETAILED_VALUES:
             seen.add(value)

@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from slidegate.allocator import return_large_blocks
 from slidegate.backends.base import Backend
 from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.breaker import CircuitBreaker
@@ -67,16 +68,24 @@ def _auth(text: str) -> tuple[str | None, str] | None:
     return (user, password) if sep else (None, text) if text else None
 
 
+DEFAULT_MAX_RECV_MSG_SIZE = 1024 * 1024
+
+
 async def start_server(
     service: RateLimitService, host: str, port: int, credentials: grpc.ServerCredentials | None = None,
-    *, reuse_port: bool = False,
+    *, reuse_port: bool = False, max_message_size: int = DEFAULT_MAX_RECV_MSG_SIZE,
 ) -> tuple[grpc.aio.Server, HealthServicer, int]:
     """Start a gRPC server with the rate-limit, health and reflection services on ``host:port`` (TLS with
-    ``credentials``; shared with other processes with ``reuse_port``); return it, its health servicer
-    (statuses still unset) and the bound port. Raises OSError when the address cannot be bound."""
-    # without SO_REUSEPORT a second server on a taken port fails instead of silently sharing it; workers
-    # share theirs on purpose (slidegate.workers checks first that nobody else holds it)
-    server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port))])
+    ``credentials``; shared with other processes with ``reuse_port``; requests of at most ``max_message_size``
+    bytes); return it, its health servicer (statuses still unset) and the bound port. Raises OSError when the
+    address cannot be bound."""
+    server = grpc.aio.server(options=[
+        # without SO_REUSEPORT a second server on a taken port fails instead of silently sharing it; workers
+        # share theirs on purpose (slidegate.workers checks first that nobody else holds it)
+        ("grpc.so_reuseport", int(reuse_port)),
+        # gRPC refuses a larger message from its length prefix, before buffering it
+        ("grpc.max_receive_message_length", max_message_size),
+    ])
     server.add_generic_rpc_handlers((service.handler(),))
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -122,7 +131,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
         credentials = server_credentials(settings.grpc_server_tls_cert, settings.grpc_server_tls_key,
                                          settings.grpc_client_tls_cacert)
     server, health_servicer, port = await start_server(service, settings.grpc_host, settings.grpc_port, credentials,
-                                                       reuse_port=reuse_port)
+                                                       reuse_port=reuse_port,
+                                                       max_message_size=settings.grpc_max_recv_msg_size)
     health = Health(health_servicer, needs_storage=lambda: settings.failure_mode == "error" and all(
         d.failure_mode in (None, "error") for d in holder.current.domains.values()))
     await health.publish()
@@ -180,7 +190,9 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
 
 
 def run(settings: Settings, *, reuse_port: bool = False) -> None:
-    """Run ``serve`` on uvloop when it is installed, else on asyncio's default loop."""
+    """Run ``serve`` on uvloop when it is installed, else on asyncio's default loop; memory that large requests
+    took goes back to the system (slidegate.allocator)."""
+    return_large_blocks()
     try:
         import uvloop
     except ImportError:

@@ -38,10 +38,12 @@ _OVERRIDE_UNITS = {1: Unit.SECOND, 2: Unit.MINUTE, 3: Unit.HOUR, 4: Unit.DAY, 5:
 
 Request = lenient_pb2.LenientRateLimitRequest
 Context = grpc.aio.ServicerContext[bytes, rls_pb2.RateLimitResponse]
-# Bounds on one request, far above what Envoy sends, so that one call cannot stall the service or Redis.
+# Bounds on one request's shape, far above what an Envoy route can be configured to send, so that one call
+# cannot stall the service or Redis. Text has no bound of its own: a value is a client's header, path or
+# address, and Envoy forwards headers of up to 60 KiB (8 MiB when configured), so any length the message size
+# allows (GRPC_MAX_RECV_MESSAGE_SIZE) is limited like any other (long text is kept as its digest, slidegate.keys).
 MAX_DESCRIPTORS = 1000
 MAX_ENTRIES = 64
-MAX_TEXT_BYTES = 16384  # a key or value; Envoy's own header value limit is of this order
 PREPARED_REQUESTS = 10_000  # requests remembered by their bytes (see RateLimitService)
 # Only requests the size Envoy sends are remembered (measured: about 1.5 KB of objects for a one-descriptor
 # request, 9 KB for eight), so the memory stays within about 100 MB; larger requests are matched each time.
@@ -65,15 +67,10 @@ def parse_request(request: Request) -> tuple[str, list[Descriptor]]:
         raise InvalidRequest("rate limit descriptor list must not be empty")
     if len(request.descriptors) > MAX_DESCRIPTORS:
         raise InvalidRequest(f"too many descriptors: {len(request.descriptors)} (at most {MAX_DESCRIPTORS})")
-    if len(request.domain) > MAX_TEXT_BYTES:
-        raise InvalidRequest(f"domain longer than {MAX_TEXT_BYTES} bytes")
     descriptors = []
     for index, d in enumerate(request.descriptors):
         if len(d.entries) > MAX_ENTRIES:
             raise InvalidRequest(f"descriptor {index}: too many entries: {len(d.entries)} (at most {MAX_ENTRIES})")
-        for e in d.entries:
-            if len(e.key) > MAX_TEXT_BYTES or len(e.value) > MAX_TEXT_BYTES:
-                raise InvalidRequest(f"descriptor {index}: an entry key or value is longer than {MAX_TEXT_BYTES} bytes")
         override = None
         if d.HasField("limit"):
             unit = _OVERRIDE_UNITS.get(d.limit.unit)

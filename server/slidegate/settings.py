@@ -65,6 +65,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _message_size(text: str) -> int:
+    value = _whole(text)
+    # below 4 KiB not even a request with one ordinary descriptor and its headers' values would fit
+    if not 4096 <= value <= 2**31 - 1:
+        raise ValueError(f"{value} must be at least 4096 (bytes) and at most {2**31 - 1}")
+    return value
+
+
 def _timeout(text: str) -> float:
     seconds = parse_duration(text)
     # below a millisecond no Redis round trip fits (and the backend's deadlines are kept to 2 ms)
@@ -173,6 +181,9 @@ SPECS: tuple[Spec, ...] = (
          "caller's deadline caps it"),
     Spec("grpc_host", "GRPC_HOST", "--host", "0.0.0.0", str, "address for gRPC"),
     Spec("grpc_port", "GRPC_PORT", "--grpc-port", "8081", _port, "gRPC port (0: any free port)"),
+    Spec("grpc_max_recv_msg_size", "GRPC_MAX_RECV_MSG_SIZE", "--grpc-max-recv-msg-size", "1048576", _message_size,
+         "largest request accepted, in bytes (larger ones are refused with RESOURCE_EXHAUSTED before they are "
+         "read); the default fits every descriptor value Envoy forwards with its default 60 KiB header limit"),
     Spec("grpc_server_use_tls", "GRPC_SERVER_USE_TLS", "--grpc-server-use-tls", "false", _bool,
          "serve gRPC over TLS"),
     Spec("grpc_server_tls_cert", "GRPC_SERVER_TLS_CERT", "--grpc-server-tls-cert", "", str,
@@ -245,6 +256,7 @@ class Settings:
     redis_timeout: float
     grpc_host: str
     grpc_port: int
+    grpc_max_recv_msg_size: int
     grpc_server_use_tls: bool
     grpc_server_tls_cert: str
     grpc_server_tls_key: str

@@ -36,7 +36,8 @@ def _params(c: Check) -> Params:
 class OverLimitCache:
     """``backend`` with known over-limit answers served locally (see the module docstring); at most
     ``max_entries`` limits remembered, whose keys hold at most ``max_key_chars`` characters together (a key
-    carries the request's values, up to 16 KiB each: a count alone would let long values take gigabytes).
+    carries a descriptor's entries, up to 64 of at most 133 characters each once long ones are digested: a
+    count alone would let many-entry descriptors take gigabytes).
     Same interface as the backend."""
 
     def __init__(self, backend: Backend, *, max_entries: int = 100_000, max_key_chars: int = 16_000_000) -> None:

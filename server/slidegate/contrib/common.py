@@ -15,7 +15,6 @@ through) or ``closed`` (answer 503) when the limiter cannot answer within ``TIME
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import json
 import logging
@@ -154,24 +153,11 @@ class RequestView:
     user_id: str | None
 
 
-MAX_VALUE = 256  # longer values are replaced by their digest: a client cannot make its request unlimitable
-
-
-def _bounded(value: str) -> str:
-    if len(value) <= MAX_VALUE:
-        return value
-    return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()
-
-
 def build_descriptors(options: Options, view: RequestView) -> list[DescriptorSpec]:
     """The descriptors for one request; a descriptor whose source is missing (no such header, anonymous
-    ``user``) is left out, as Envoy does. Values over MAX_VALUE characters (a long path or header) are
-    replaced by their SHA-256, so they are limited like any other instead of being refused."""
-    return [[(key, _bounded(value)) for key, value in entries] for entries in _descriptors(options, view)]
-
-
-def _descriptors(options: Options, view: RequestView) -> list[list[tuple[str, str]]]:
-    out: list[list[tuple[str, str]]] = []
+    ``user``) is left out, as Envoy does. Values of any length are sent as they are: the service limits a long
+    path or header like any other (it keeps long values as their digest)."""
+    out: list[DescriptorSpec] = []
     for sources in options.descriptors:
         entries: list[tuple[str, str]] = []
         for source in sources:
