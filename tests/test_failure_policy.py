@@ -12,11 +12,12 @@ from typing import Any
 
 import grpc
 import pytest
+import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
 from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded
-from slidegate.backends.breaker import CircuitBreaker
+from slidegate.backends.breaker import Breaker
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import ConfigError, LoadOptions, load_directory
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions
@@ -67,31 +68,61 @@ async def test_breaker_makes_a_hung_redis_cheap_and_closes_when_it_answers(priva
 
     listener = await asyncio.start_server(silent, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
-    breaker = CircuitBreaker(RedisBackend(f"redis://127.0.0.1:{port}/0", timeout=0.2), failures=3, cooldown=0.5)
+    breaker = Breaker(failures=3, open_after=0.5, cooldown=0.5)
+    backend = RedisBackend(f"redis://127.0.0.1:{port}/0", timeout=0.2, breaker=breaker)
     checks = [Check("sgbreaker:k", 4, 60_000_000, 1)]
     durations = []
-    for _ in range(6):
+    for _ in range(7):
         started = time.monotonic()
         with pytest.raises(BackendUnavailable):
-            await breaker.decide(checks)
+            await backend.decide(checks)
         durations.append(time.monotonic() - started)
-    assert all(d >= 0.15 for d in durations[:3])  # three calls find out the hard way ...
-    assert all(d < 0.02 for d in durations[3:])  # ... then the breaker answers at once
-    await breaker.close()
+    # four calls find out the hard way (no answer for 0.6 s after the first failure: three alone are not
+    # enough evidence), then the breaker answers at once
+    assert all(d >= 0.15 for d in durations[:4]), durations
+    assert all(d < 0.02 for d in durations[4:]), durations
+    assert breaker.is_open
+    await backend.close()
     listener.close()
 
-    # against a Redis that comes back: after the cooldown one trial call closes the breaker
-    breaker = CircuitBreaker(RedisBackend(private_redis.url, timeout=0.2), failures=2, cooldown=0.3)
+    # against a Redis that comes back: after the cooldown one probe closes the breaker
+    breaker = Breaker(failures=2, open_after=0.1, cooldown=0.3)
+    backend = RedisBackend(private_redis.url, timeout=0.2, breaker=breaker)
     private_redis.stop()
     for _ in range(3):
         with pytest.raises(BackendUnavailable):
-            await breaker.decide([Check("sgbreaker:j", 4, 60_000_000, 0)])
+            await backend.decide([Check("sgbreaker:j", 4, 60_000_000, 0)])
+        await asyncio.sleep(0.06)
     assert breaker.is_open
     private_redis.start()
     await asyncio.sleep(0.35)
-    decision = await breaker.decide([Check("sgbreaker:j", 4, 60_000_000, 0)])
+    decision = await backend.decide([Check("sgbreaker:j", 4, 60_000_000, 0)])
     assert decision.admitted and not breaker.is_open
-    await breaker.close()
+    await backend.close()
+
+
+def test_the_breaker_opens_on_evidence_over_time_not_on_one_burst() -> None:
+    now = [0.0]
+    breaker = Breaker(failures=3, open_after=0.5, cooldown=1.0, clock=lambda: now[0])
+    for _ in range(10):  # one batch of ten calls cut off, or ten failures in one instant: one event in time
+        breaker.failed("x")
+    assert not breaker.is_open and breaker.allow()
+    now[0] = 0.3
+    breaker.answered()  # an answer in between: the count starts again
+    now[0] = 0.4
+    breaker.failed("x")
+    now[0] = 0.8
+    breaker.failed("x")
+    assert not breaker.is_open  # two failures
+    now[0] = 0.9
+    breaker.failed("x")
+    assert breaker.is_open  # three, over 0.5 s with no answer
+    assert not breaker.allow()
+    now[0] = 1.95
+    assert breaker.allow()  # the probe, once per cooldown
+    assert not breaker.allow()
+    breaker.answered()
+    assert not breaker.is_open and breaker.allow()
 
 
 def test_degraded_decisions_are_counted(write_config: Callable[..., Path], serve: Callable[..., Served],
@@ -118,20 +149,21 @@ async def test_local_shares_are_rounded_up(rls: Start, private_redis: RedisServe
 
 
 async def test_the_callers_deadline_is_not_a_redis_failure(private_redis: RedisServer) -> None:
-    breaker = CircuitBreaker(RedisBackend(private_redis.url, timeout=2.0), failures=2, cooldown=5)
+    breaker = Breaker(failures=2, open_after=0.0, cooldown=5)
+    backend = RedisBackend(private_redis.url, timeout=2.0, breaker=breaker)
     checks = [Check("sgbreaker:d", 4, 60_000_000, 0)]
-    await breaker.decide(checks)
+    await backend.decide(checks)
     assert private_redis.process is not None
     private_redis.process.send_signal(signal.SIGSTOP)  # a pause far shorter than REDIS_TIMEOUT
     try:
         for _ in range(4):
             with pytest.raises(DeadlineExceeded):
-                await breaker.decide(checks, timeout=0.02)
+                await backend.decide(checks, timeout=0.02)
     finally:
         private_redis.process.send_signal(signal.SIGCONT)
     assert not breaker.is_open
-    assert (await breaker.decide(checks)).admitted
-    await breaker.close()
+    assert (await backend.decide(checks)).admitted
+    await backend.close()
 
 
 def test_merged_domain_files_agree_on_the_failure_mode(write_config: Callable[..., Path]) -> None:
@@ -152,26 +184,93 @@ def test_health_serves_without_redis_when_a_failure_mode_answers(
     assert served.stub().ShouldRateLimit(request("f", descriptor(("k", "v")))).overall_code == OK
 
 
-async def test_a_failed_ping_opens_the_breaker_whatever_the_callers_deadlines(private_redis: RedisServer) -> None:
-    breaker = CircuitBreaker(RedisBackend(private_redis.url, timeout=0.2), failures=3, cooldown=5)
+async def test_a_hung_redis_opens_the_breaker_whatever_the_callers_deadlines(private_redis: RedisServer) -> None:
+    breaker = Breaker(failures=3, open_after=0.3, cooldown=5)
+    backend = RedisBackend(private_redis.url, timeout=0.1, breaker=breaker)
     checks = [Check("sgbreaker:p", 4, 60_000_000, 0)]
-    await breaker.decide(checks)
-    await breaker.ping()
-    assert not breaker.is_open
+    await backend.decide(checks)
     assert private_redis.process is not None
-    private_redis.process.send_signal(signal.SIGSTOP)  # hung: callers in a hurry alone never tell
+    private_redis.process.send_signal(signal.SIGSTOP)  # hung: callers in a hurry give up long before REDIS_TIMEOUT
     try:
-        with pytest.raises(DeadlineExceeded):
-            await breaker.decide(checks, timeout=0.02)
-        assert not breaker.is_open
         with pytest.raises(BackendUnavailable):
-            await breaker.ping()
-        assert breaker.is_open
-        with pytest.raises(BackendUnavailable, match="circuit open"):  # at once, not after the deadline
-            await breaker.decide(checks, timeout=0.02)
+            await backend.ping()  # one failed ping (tried twice) is one failure: not enough
+        assert not breaker.is_open
+        started = time.monotonic()
+        while not breaker.is_open:  # each batch cut off at REDIS_TIMEOUT is one more
+            assert time.monotonic() - started < 2
+            with pytest.raises(DeadlineExceeded):
+                await backend.decide(checks, timeout=0.02)
+            await asyncio.sleep(0.01)
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable, match="calls fail at once"):
+            await backend.decide(checks, timeout=0.02)
+        assert time.monotonic() - started < 0.005
     finally:
         private_redis.process.send_signal(signal.SIGCONT)
-    await breaker.close()
+    await backend.close()
+
+
+async def test_a_killed_idle_connection_is_replaced_not_reported(private_redis: RedisServer) -> None:
+    breaker = Breaker(failures=1, open_after=0.0, cooldown=5)  # the least evidence would open it
+    backend = RedisBackend(private_redis.url, timeout=0.5, breaker=breaker)
+    checks = [Check("sgbreaker:i", 100, 60_000_000, 1)]
+    await backend.decide(checks)
+    await backend.ping()
+    with redis.Redis.from_url(private_redis.url) as admin:
+        assert admin.execute_command("CLIENT", "KILL", "TYPE", "normal") >= 2  # the call's and the ping's
+    await backend.ping()  # on a new connection
+    assert (await backend.decide(checks)).admitted
+    assert not breaker.is_open
+    await backend.close()
+
+
+async def test_calls_in_flight_are_all_that_a_client_kill_fails(private_redis: RedisServer) -> None:
+    breaker = Breaker()
+    backend = RedisBackend(private_redis.url, timeout=0.5, breaker=breaker)
+    checks = [Check("sgbreaker:load", 10**9, 60_000_000, 1)]
+    outcomes: list[str] = []
+    stop = asyncio.Event()
+
+    async def client() -> None:
+        while not stop.is_set():
+            try:
+                await backend.decide(checks)
+                outcomes.append("ok")
+            except BackendUnavailable:
+                outcomes.append("failed")
+
+    async def health() -> None:
+        while not stop.is_set():
+            await backend.ping()  # raises, failing the test, if a killed connection fails the ping
+            await asyncio.sleep(0.05)
+
+    clients = [asyncio.create_task(client()) for _ in range(8)]
+    pinger = asyncio.create_task(health())
+    with redis.Redis.from_url(private_redis.url) as admin:
+        for _ in range(5):
+            await asyncio.sleep(0.2)
+            admin.execute_command("CLIENT", "KILL", "TYPE", "normal")
+        await asyncio.sleep(0.2)
+    stop.set()
+    await asyncio.gather(*clients, pinger)
+    await backend.close()
+    # each kill can fail the calls of the (at most two) batches then at Redis: 8 clients, so 8 calls at most
+    assert outcomes.count("ok") > 100
+    assert outcomes.count("failed") <= 5 * 8
+    assert not breaker.is_open and breaker.reason == ""
+
+
+async def test_a_pause_of_this_process_is_not_taken_for_redis_failing(private_redis: RedisServer) -> None:
+    breaker = Breaker(failures=1, open_after=0.0, cooldown=5)
+    backend = RedisBackend(private_redis.url, timeout=0.05, breaker=breaker)
+    checks = [Check("sgbreaker:gc", 100, 60_000_000, 1)]
+    await backend.decide(checks)
+    call = asyncio.create_task(backend.decide(checks))
+    await asyncio.sleep(0)  # the call is sent
+    time.sleep(0.2)  # on purpose: the loop stalls (a garbage collection) past REDIS_TIMEOUT
+    assert (await call).admitted  # Redis answered long ago: its answer is read, not thrown away
+    assert not breaker.is_open and breaker.reason == ""
+    await backend.close()
 
 
 def test_health_serves_without_redis_when_a_domains_failure_mode_answers(

@@ -14,9 +14,11 @@ import pytest
 
 from slidegate import service as service_module
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from slidegate.backends.base import BackendUnavailable
+from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import Config, load_directory
-from slidegate.limiter import Limiter, LimiterOptions
+from slidegate.limiter import Descriptor, Limiter, LimiterOptions
 from slidegate.server import start_server
 from slidegate.service import RateLimitService
 from slidegate.stack import free_port
@@ -122,8 +124,50 @@ async def test_redis_down_is_unavailable_in_bounded_time_then_recovers(
     assert reply.overall_code == OK and reply.statuses[0].limit_remaining == 1
     # the outage is logged once (with a count), not once per call, and so is the recovery
     messages = [r.getMessage() for r in caplog.records if r.name == "slidegate.service"]
-    assert [m.split(":")[0] for m in messages] == [
-        "storage unavailable (1 failed calls)", "storage answering again (2 more failed calls before)"]
+    assert len(messages) == 2
+    assert messages[0].startswith("storage unavailable: 1 calls failed or were decided by the failure mode; last: ")
+    assert messages[1].startswith("storage answering again after ")
+    assert messages[1].endswith(" (2 more calls failed since the last line)")
+
+
+async def test_answers_from_the_over_limit_cache_are_not_the_storage_answering(
+        write_config: Callable[..., Path], private_redis: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    config = load_directory(write_config(CONFIG))
+    backend = OverLimitCache(RedisBackend(private_redis.url, timeout=0.2))
+    service = RateLimitService(Limiter(lambda: config, backend))
+    over, fresh = [Descriptor((("plan", "free"),))], [Descriptor((("client", "c"),))]
+    for _ in range(2):
+        await service.decide("api", over, 0)  # the second is over: remembered
+    private_redis.stop()
+    for _ in range(50):  # an outage while an attack on the over-limit key goes on
+        assert (await service.decide("api", over, 0)).overall_code == OVER_LIMIT
+        with pytest.raises(BackendUnavailable):
+            await service.decide("api", fresh, 0)
+    messages = [r.getMessage() for r in caplog.records if r.name == "slidegate.service"]
+    assert len(messages) == 1 and messages[0].startswith("storage unavailable: 1 calls failed")
+    private_redis.start()
+    assert (await service.decide("api", fresh, 0)).overall_code == OK
+    messages = [r.getMessage() for r in caplog.records if r.name == "slidegate.service"]
+    assert len(messages) == 2 and messages[1].endswith("(49 more calls failed since the last line)")
+    await backend.close()
+
+
+def test_an_outage_is_one_line_every_ten_seconds(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    outage = service_module.OutageLog(clock=lambda: now[0])
+    for i in range(2000):  # 40 s of an outage, 50 failed calls a second
+        now[0] = i / 50
+        outage.failed("no answer in time")
+    now[0] = 40.0
+    outage.answered()
+    outage.answered()  # nothing more to say
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 5
+    assert messages[1] == ("storage unavailable: 500 calls failed or were decided by the failure mode in the last 10 "
+                           "s; last: no answer in time")
+    assert messages[0] == ("storage unavailable: 1 calls failed or were decided by the failure mode; last: no answer "
+                           "in time")
+    assert messages[4] == "storage answering again after 40.0 s (499 more calls failed since the last line)"
 
 
 async def test_redis_that_never_answers_is_bounded(rls: Start) -> None:

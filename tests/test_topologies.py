@@ -21,7 +21,7 @@ import redis.asyncio
 from redis.crc import key_slot
 
 from slidegate.backends.base import BackendUnavailable
-from slidegate.backends.breaker import CircuitBreaker
+from slidegate.backends.breaker import Breaker
 from slidegate.backends.redis import RedisBackend, Topology
 from slidegate.config import Config, load_directory
 from slidegate.keys import limit_key
@@ -76,10 +76,9 @@ def config(write_config: Callable[..., Path]) -> Config:
 
 def make_limiter(config: Config, topology: Topology, *, timeout: float = 2.0, domain_slot: bool = False,
                  breaker: bool = False) -> tuple[Limiter, RedisBackend]:
-    backend = RedisBackend(topology, timeout=timeout)
+    backend = RedisBackend(topology, timeout=timeout, breaker=Breaker(cooldown=0.2) if breaker else None)
     prefix = f"test-{uuid.uuid4().hex[:8]}:"
-    limiter = Limiter(lambda: config, CircuitBreaker(backend, cooldown=0.2) if breaker else backend,
-                      LimiterOptions(key_prefix=prefix, domain_slot=domain_slot))
+    limiter = Limiter(lambda: config, backend, LimiterOptions(key_prefix=prefix, domain_slot=domain_slot))
     return limiter, backend
 
 

@@ -62,6 +62,7 @@ class Status:
     hits: int = 0
     degraded: str | None = None  # the failure mode that decided, when the storage did not
     late: bool = False  # degraded because the caller's deadline was running out, not because the storage failed
+    cached: bool = False  # answered from this process's memory of over-limit answers, not by the storage
 
 
 NO_LIMIT = Status(limit=None)
@@ -224,7 +225,7 @@ class Limiter:
         for index, outcome in zip(plan.counted, decision.outcomes, strict=True):
             s = statuses[index]
             statuses[index] = Status(s.limit, outcome.over, outcome.remaining, outcome.reset_us, s.shadow, s.rule,
-                                     s.hits, degraded, late)
+                                     s.hits, degraded, late, decision.cached)
         return statuses
 
     async def should_rate_limit(

@@ -20,11 +20,12 @@ from grpc_reflection.v1alpha import reflection
 from slidegate.allocator import return_large_blocks
 from slidegate.backends.base import Backend
 from slidegate.backends.blocked import OverLimitCache
-from slidegate.backends.breaker import CircuitBreaker
+from slidegate.backends.breaker import Breaker
 from slidegate.backends.memory import MemoryBackend
 from slidegate.backends.redis import RedisBackend, TlsOptions, Topology
 from slidegate.config import LoadOptions, load_directory
 from slidegate.health import Health
+from slidegate.heap import Remembered
 from slidegate.httpapi import make_app, start_app
 from slidegate.limiter import Limiter, LimiterOptions
 from slidegate.metrics import Metrics
@@ -55,10 +56,10 @@ def make_backend(settings: Settings) -> Backend:
                          check_hostname=not settings.redis_tls_skip_hostname_verification)
     topology = Topology(settings.redis_type, url, tls=tls, auth=_auth(settings.redis_auth),
                         sentinel_auth=_auth(settings.redis_sentinel_auth))
-    redis = RedisBackend(topology, timeout=settings.redis_timeout, pool_size=settings.redis_pool_size)
     # the breaker: a dead Redis costs microseconds per call, not a timeout each; the cache: a request that can
     # only be rejected costs no round trip
-    return OverLimitCache(CircuitBreaker(redis))
+    return OverLimitCache(RedisBackend(topology, timeout=settings.redis_timeout, pool_size=settings.redis_pool_size,
+                                       breaker=Breaker()))
 
 
 def _auth(text: str) -> tuple[str | None, str] | None:
@@ -125,7 +126,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
     service = RateLimitService(limiter, AnswerOptions(
         shadow_mode=settings.shadow_mode, dynamic_metadata=settings.response_dynamic_metadata,
         headers=settings.limit_response_headers_enabled, ietf_headers=settings.limit_response_headers_ietf,
-    ), metrics)
+    ), metrics, Remembered())
     credentials = None
     if settings.grpc_server_use_tls:
         credentials = server_credentials(settings.grpc_server_tls_cert, settings.grpc_server_tls_key,

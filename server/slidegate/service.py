@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate._proto.slidegate.wire.v1 import lenient_pb2
 from slidegate.backends.base import BackendUnavailable, DeadlineExceeded
 from slidegate.headers import rate_limit_headers
+from slidegate.heap import Remembered
 from slidegate.limiter import Descriptor, InvalidOverride, Limiter, Override, Plan, Status
 from slidegate.metrics import LimitCounters, Metrics
 from slidegate.text import printable
@@ -179,15 +181,16 @@ class RateLimitService:
     """
 
     def __init__(
-        self, limiter: Limiter, options: AnswerOptions = AnswerOptions(), metrics: Metrics | None = None
+        self, limiter: Limiter, options: AnswerOptions = AnswerOptions(), metrics: Metrics | None = None,
+        remembered: Remembered | None = None,
     ) -> None:
         self._limiter = limiter
         self._options = options
         self.metrics = metrics or Metrics()
+        self._remembered = remembered  # keeps collection pauses short (slidegate.heap), in slidegate serve
         self._prepared: dict[bytes, Prepared] = {}
         self._prepared_config: object = None  # the config every remembered request was matched against
-        self._failures = 0
-        self._last_failure_log = 0.0
+        self._outage = OutageLog()
 
     def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         """The gRPC handler to add to a server (reads requests leniently, see the module docstring)."""
@@ -232,7 +235,11 @@ class RateLimitService:
             if len(self._prepared) >= PREPARED_REQUESTS or prepared.plan.config is not self._prepared_config:
                 self._prepared.clear()
                 self._prepared_config = prepared.plan.config
+                if self._remembered is not None:
+                    self._remembered.cleared()
             self._prepared[data] = prepared
+            if self._remembered is not None:
+                self._remembered.added()
         return prepared
 
     def prepare(self, domain: str, descriptors: list[Descriptor], hits_addend: int = 0) -> Prepared:
@@ -269,20 +276,19 @@ class RateLimitService:
             raise  # the caller's own deadline: not a storage failure
         except BackendUnavailable as exc:
             self.metrics.storage_errors.inc()
-            self._log_failure(exc)
+            self._outage.failed(str(exc))
             raise
-        degraded = next((s for s in statuses if s.degraded), None)
-        if degraded and degraded.degraded:
-            self.metrics.degraded.labels(degraded.degraded).inc()
-            # a caller in a hurry says nothing of the storage's health (the health ping, which opens the breaker,
-            # has the whole REDIS_TIMEOUT to tell)
-            if not degraded.late:
+        decided = statuses[prepared.plan.counted[0]] if prepared.plan.counted else None
+        if decided is not None and decided.degraded:
+            self.metrics.degraded.labels(decided.degraded).inc()
+            # a caller in a hurry says nothing of the storage's health (its round trip goes on, and the breaker
+            # counts it if it fails)
+            if not decided.late:
                 self.metrics.storage_errors.inc()
-                self._log_failure(BackendUnavailable(f"decided by failure mode {degraded.degraded}"))
-        else:
+                self._outage.failed(f"decided by failure mode {decided.degraded}")
+        elif decided is not None and not decided.cached:
             self.metrics.storage_latency.observe(time.perf_counter() - started)
-            if self._last_failure_log:
-                self._log_recovery()
+            self._outage.answered()
         domain = prepared.plan.domain
         response = build_response(domain, prepared.descriptors, statuses, self._options)
         shadow_mode = self._options.shadow_mode
@@ -305,16 +311,35 @@ class RateLimitService:
         }
         log.debug("decision %s", " ".join(f"{k}={v}" for k, v in fields.items()), extra=fields)
 
-    def _log_failure(self, exc: BackendUnavailable) -> None:
-        # an outage fails every call: say so every 10 s with a count, not once per call
-        self._failures += 1
-        now = time.monotonic()
-        if now - self._last_failure_log >= 10:
-            log.warning("storage unavailable (%d failed calls): %s", self._failures, exc)
-            self._failures = 0
-            self._last_failure_log = now
 
-    def _log_recovery(self) -> None:
-        log.warning("storage answering again (%d more failed calls before)", self._failures)
-        self._failures = 0
-        self._last_failure_log = 0.0
+
+class OutageLog:
+    """The log of a storage outage: its first failed call at once, then one line every LINE_EVERY seconds with
+    the count, and one line when the storage itself answers again (an answer from the over-limit cache is not
+    one). One line per failed call flooded the log (2,624 lines in 40 s)."""
+
+    LINE_EVERY = 10.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._since: float | None = None  # when the outage began
+        self._last_line: float | None = None
+        self._failed = 0  # calls failed since the last line
+
+    def failed(self, reason: str) -> None:
+        now = self._clock()
+        self._failed += 1
+        if self._since is None:
+            self._since = now
+        if self._last_line is None or now - self._last_line >= self.LINE_EVERY:
+            log.warning("storage unavailable: %d calls failed or were decided by the failure mode%s; last: %s",
+                        self._failed, "" if self._last_line is None else f" in the last {now - self._last_line:.0f} s",
+                        reason)
+            self._failed, self._last_line = 0, now
+
+    def answered(self) -> None:
+        if self._since is None:
+            return
+        log.warning("storage answering again after %.1f s (%d more calls failed since the last line)",
+                    self._clock() - self._since, self._failed)
+        self._since, self._failed, self._last_line = None, 0, None

@@ -70,10 +70,12 @@ class Outcome:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """``admitted``: every check had room, so every check's hits were recorded; otherwise none were."""
+    """``admitted``: every check had room, so every check's hits were recorded; otherwise none were.
+    ``cached``: answered from what this process remembers (slidegate.backends.blocked), not by the storage."""
 
     admitted: bool
     outcomes: list[Outcome]
+    cached: bool = False
 
 
 class Backend(Protocol):

@@ -19,33 +19,43 @@ from slidegate.backends.deadlines import Deadlines
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
+# A batch's deadline that fires this many seconds late was held up by this process (a garbage collection, a busy
+# loop), not by Redis, whose answer may be waiting unread: the batch gets this long again, once, before it is cut
+# off. Deadlines fire 2-4 ms late in the normal run of things (slidegate.backends.deadlines).
+LATE_TIMER = 0.02
+
 
 class Batcher(Generic[Item, Result]):
     """Sends items through ``send`` (items → one result each, in order; may raise) in natural batches.
 
     ``batch_timeout``: seconds a batch may take before it is cut off (its task cancelled) and its callers
-    still waiting get TimeoutError; None: no bound."""
+    still waiting get TimeoutError (LATE_TIMER more when the cut-off itself came late); None: no bound.
+    ``on_cut_off`` is called for each batch cut off."""
 
     def __init__(self, send: Callable[[list[Item]], Awaitable[list[Result]]], max_in_flight: int = 2,
-                 batch_timeout: float | None = None) -> None:
+                 batch_timeout: float | None = None, on_cut_off: Callable[[], object] = lambda: None) -> None:
         self._send = send
         self._max_in_flight = max_in_flight
         self._batch_timeout = batch_timeout
+        self._on_cut_off = on_cut_off
         self._in_flight = 0
         self._waiting: list[tuple[Item, asyncio.Future[Result]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._deadlines = Deadlines()
 
-    async def submit(self, item: Item, timeout: float | None = None) -> Result:
+    async def submit(self, item: Item, timeout: float | None = None, *, grace: bool = False) -> Result:
         """``item``'s result, or the exception its batch raised; TimeoutError once ``timeout`` seconds have
-        passed. A caller that stops waiting (cancelled, timed out) before its batch leaves is not sent at all;
-        once sent, its batch runs to the end (or to ``batch_timeout``)."""
+        passed (with ``grace``, LATE_TIMER more when that moment itself came late, as for a batch: right for the
+        backend's own bound, wrong for a caller's deadline). A caller that stops waiting (cancelled, timed out)
+        before its batch leaves is not sent at all; once sent, its batch runs to the end (or to
+        ``batch_timeout``)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         if timeout is not None:
             if timeout <= 0:
                 raise TimeoutError
-            self._deadlines.add(loop, loop.time() + timeout, partial(_expire, future), future.done)
+            due = loop.time() + timeout
+            self._deadlines.add(loop, due, partial(self._expire, loop, future, due, grace), future.done)
         self._waiting.append((item, future))
         if self._in_flight < self._max_in_flight:
             self._flush(loop)
@@ -61,8 +71,8 @@ class Batcher(Generic[Item, Result]):
             self._tasks.add(task)  # the loop keeps only weak references to tasks
             task.add_done_callback(self._tasks.discard)
             if self._batch_timeout is not None:
-                self._deadlines.add(loop, loop.time() + self._batch_timeout, partial(_cut_off, task, expired),
-                                    task.done)
+                due = loop.time() + self._batch_timeout
+                self._deadlines.add(loop, due, partial(self._cut_off, loop, task, expired, due, True), task.done)
 
     async def _run(self, batch: list[tuple[Item, asyncio.Future[Result]]], expired: list[bool]) -> None:
         try:
@@ -87,13 +97,26 @@ class Batcher(Generic[Item, Result]):
             if self._waiting:
                 self._flush(asyncio.get_running_loop())
 
-
-def _expire(future: asyncio.Future[Result]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError())
-
-
-def _cut_off(task: asyncio.Task[None], expired: list[bool]) -> None:
-    if not task.done():
+    def _cut_off(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[None], expired: list[bool], due: float,
+                 grace: bool) -> None:
+        if task.done():
+            return
+        now = loop.time()
+        if grace and now - due > LATE_TIMER:
+            # the loop did not run for a while: an answer that came meanwhile is read before the batch is judged
+            self._deadlines.add(loop, now + LATE_TIMER, partial(self._cut_off, loop, task, expired, now, False),
+                                task.done)
+            return
         expired.append(True)
         task.cancel()
+        self._on_cut_off()
+
+    def _expire(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Result], due: float,
+                grace: bool) -> None:
+        if future.done():
+            return
+        now = loop.time()
+        if grace and now - due > LATE_TIMER:
+            self._deadlines.add(loop, now + LATE_TIMER, partial(self._expire, loop, future, now, False), future.done)
+            return
+        future.set_exception(TimeoutError())

@@ -72,7 +72,7 @@ class OverLimitCache:
                     break
                 outcomes.append(Outcome(over=True, remaining=0, reset_us=entry[1] - now))
             else:
-                return Decision(False, outcomes)
+                return Decision(False, outcomes, cached=True)
         try:
             decision = await self._backend.decide(checks, now_us, timeout)
         except BaseException:

@@ -26,6 +26,7 @@ from redis.exceptions import AuthenticationError, NoScriptError, RedisClusterExc
 from slidegate.algorithms import Algorithm
 from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded, Decision, Outcome
 from slidegate.backends.batching import Batcher
+from slidegate.backends.breaker import Breaker
 from slidegate.backends.redis_cluster import ClusterRouter
 from slidegate.backends.redis_connect import TlsOptions, Topology, check_url, make_client, redact
 from slidegate.resources import lua_script
@@ -39,7 +40,8 @@ class RedisBackend:
 
     ``timeout``: seconds allowed for one decision, connecting and waiting for a connection included
     (default 0.25 s); ``pool_size``: script calls in flight at most (REDIS_POOL_SIZE), so connections at most
-    (per node on a cluster); calls beyond it wait. Raises ValueError for a malformed URL.
+    (per node on a cluster), plus one kept for the health ping; calls beyond it wait. ``breaker``: fail calls
+    at once while Redis is failing (slidegate.backends.breaker). Raises ValueError for a malformed URL.
 
     On a cluster the checks of one request are grouped by hash slot and each group is decided by its own
     script call, all sent at once: each group is all-or-nothing on its own, the request is admitted when every
@@ -47,10 +49,13 @@ class RedisBackend:
     with REDIS_HASH_TAG=domain put a whole domain in one slot, so a request is one call and all-or-nothing.
     """
 
-    def __init__(self, target: str | Topology, *, timeout: float = 0.25, pool_size: int = 64) -> None:
+    def __init__(self, target: str | Topology, *, timeout: float = 0.25, pool_size: int = 64,
+                 breaker: Breaker | None = None) -> None:
         self._topology = target if isinstance(target, Topology) else Topology("single", target)
         self._timeout = timeout
-        self._client = make_client(self._topology, timeout=timeout, pool_size=pool_size)
+        self._breaker = breaker
+        # one connection more than calls may take: the health ping never waits behind the load
+        self._client = make_client(self._topology, timeout=timeout, pool_size=pool_size + 1)
         # redis-py's pools fail when full: waiting here keeps every node within pool_size connections
         self._permits = asyncio.Semaphore(pool_size)
         self._router = ClusterRouter(self._client) if isinstance(self._client, RedisCluster) else None
@@ -66,7 +71,8 @@ class RedisBackend:
         # (a batch's own bound: it outlives the callers that gave up on it, and a Redis that stopped answering
         # would otherwise hold its place in flight for good; cut off, its connection is closed in _execute)
         self._batcher: Batcher[tuple[Sequence[Check], str | int], Decision] = Batcher(
-            self._decide_many, batch_timeout=timeout)
+            self._decide_many, batch_timeout=timeout,
+            on_cut_off=lambda: self._failed(f"no answer within {timeout * 1000:.0f} ms"))
         self._script = lua_script([a.value for a in Algorithm])
         self._sha = hashlib.sha1(self._script.encode()).hexdigest()
 
@@ -80,12 +86,15 @@ class RedisBackend:
         on any Redis failure or timeout, DeadlineExceeded when ``timeout`` (shorter than the backend's) ran out."""
         if not checks:
             return Decision(True, [])
+        if self._breaker is not None and not self._breaker.allow():
+            raise BackendUnavailable(f"{self.describe()}: failing ({self._breaker.reason}); calls fail at once "
+                                     "until Redis answers again")
         clock: str | int = "" if now_us is None else now_us
         caller_first = timeout is not None and timeout < self._timeout
         bound = timeout if timeout is not None and caller_first else self._timeout
         try:
             if self._router is None:
-                return await self._batcher.submit((checks, clock), bound)
+                return await self._batcher.submit((checks, clock), bound, grace=not caller_first)
             async with asyncio.timeout(bound):
                 groups = self._groups(checks)
                 if len(groups) == 1:
@@ -151,11 +160,20 @@ class RedisBackend:
                 return await self._execute(keys, "EVAL", self._script, len(keys), *keys, *args)
 
     async def _execute(self, keys: list[str], *command: str | int) -> list[int]:
-        if self._router is not None:
-            reply: list[int] = await self._router.execute(keys[0], *command)
-            return reply
-        if self._pool is None:
-            reply = await self._client.execute_command(*command)
+        if self._router is not None or self._pool is None:
+            try:
+                if self._router is not None:
+                    reply: list[int] = await self._router.execute(keys[0], *command)
+                else:
+                    reply = await self._client.execute_command(*command)
+            except ResponseError:
+                self._answered()  # an error reply: Redis is there
+                raise
+            except (RedisError, RedisClusterException, OSError) as exc:
+                # redis-py's Sentinel and Cluster clients do not say whether the connection was new: counted
+                self._failed(_reason(exc))
+                raise
+            self._answered()
             return reply
         # Batches are at most two at a time (each runs to its end, whoever waits for it), so two connections do;
         # talking to them directly skips the pool, retry and observability layers of execute_command, a third
@@ -169,19 +187,37 @@ class RedisBackend:
             connection = self._idle.pop() if self._idle else None
         if connection is None:
             connection = self._pool.make_connection()
+            try:
+                await connection.connect()
+            except BaseException as exc:
+                await connection.disconnect(nowait=True)
+                if isinstance(exc, (RedisError, OSError)):
+                    self._failed(_reason(exc))  # no connection to be had: evidence that Redis is failing
+                raise
         try:
             # bounded by the batch's timeout (the Batcher cuts a batch off by cancelling it)
             await connection.send_packed_command(_pack(command), check_health=False)
             reply = await connection.read_response()
         except ResponseError:
             await self._release(connection, loop)  # an error reply (NOSCRIPT): the connection is in step
+            self._answered()
             raise
         except BaseException:
-            # cut off or broken mid-call: a late reply must never be read as the next call's
+            # cut off or broken mid-call (a killed connection fails its calls, but says nothing of Redis): a late
+            # reply must never be read as the next call's
             await connection.disconnect(nowait=True)
             raise
+        self._answered()
         await self._release(connection, loop)
         return reply
+
+    def _answered(self) -> None:
+        if self._breaker is not None:
+            self._breaker.answered()
+
+    def _failed(self, reason: str) -> None:
+        if self._breaker is not None:
+            self._breaker.failed(reason)
 
     async def _release(self, connection: AbstractConnection, loop: asyncio.AbstractEventLoop) -> None:
         if self._closed:
@@ -191,16 +227,22 @@ class RedisBackend:
             self._idle_loop = loop
 
     async def ping(self) -> None:
-        """Raise BackendUnavailable unless Redis (on a cluster: every master) answers PING in time."""
-        try:
-            async with asyncio.timeout(self._timeout):
-                async with self._permits:
+        """Raise BackendUnavailable unless Redis (on a cluster: every master) answers PING in time. A ping that
+        fails is tried once more, on a new connection: a killed idle connection is no sign of Redis failing,
+        and a second failure counts for the breaker. Takes no place of the calls': load cannot starve it."""
+        for attempt in range(2):
+            try:
+                async with asyncio.timeout(self._timeout):
                     if self._router is not None:
                         await self._router.ping()
                     else:
                         await self._client.ping()
-        except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
-            raise BackendUnavailable(f"{self.describe()}: {_reason(exc)}") from exc
+                return
+            except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
+                if attempt == 1:
+                    reason = _reason(exc)
+                    self._failed(f"ping: {reason}")
+                    raise BackendUnavailable(f"{self.describe()}: {reason}") from exc
 
     async def close(self) -> None:
         self._closed = True  # a call still running closes its connection itself
