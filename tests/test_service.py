@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from slidegate.backends.base import BackendUnavailable
 from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import Config, load_directory
+from slidegate.heap import Remembered
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions
 from slidegate.server import start_server
 from slidegate.service import RateLimitService
@@ -282,4 +284,33 @@ async def test_a_limit_has_no_series_until_it_counts_hits(write_config: Callable
             assert 'ratelimit_service_rate_limit_total_hits_total{domain="api",key="client"} 1.0' in text
             assert 'ratelimit_service_rate_limit_over_limit_total{domain="api",key="client"}' not in text
     finally:
+        await backend.close()
+
+
+async def test_remembered_requests_are_left_out_of_garbage_collections(
+        write_config: Callable[..., Path], redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a full collection walks every tracked object: 10,000 remembered requests made it a 170-250 ms pause of
+    # every call in flight (slidegate.heap)
+    monkeypatch.setattr(service_module, "PREPARED_REQUESTS", 1500)
+    config = load_directory(write_config(CONFIG))
+    backend = RedisBackend(redis_url)
+    service = RateLimitService(Limiter(lambda: config, backend, LimiterOptions(key_prefix=key_prefix)),
+                               remembered=Remembered(freeze_every=100))
+    gc.collect()
+    try:
+        async with served(service) as stub:
+            walked = len(gc.get_objects())
+            for i in range(1400):
+                await stub.ShouldRateLimit(request("api", descriptor(("client", f"c{i}")), descriptor(("week", "w"))))
+            assert len(service._prepared) == 1400
+            # what a collection walks grew by the requests since the last freeze, not by all 1,400
+            assert len(gc.get_objects()) - walked < 100 * 60
+            frozen = gc.get_freeze_count()
+            assert frozen > 1400 * 20
+            for i in range(200):  # the service forgets them all at once: nothing frozen stays for them
+                await stub.ShouldRateLimit(request("api", descriptor(("client", f"d{i}"))))
+            assert len(service._prepared) == 100
+            assert gc.get_freeze_count() < frozen - 1300 * 20
+    finally:
+        gc.unfreeze()
         await backend.close()
