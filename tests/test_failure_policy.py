@@ -156,8 +156,10 @@ async def test_the_callers_deadline_is_not_a_redis_failure(private_redis: RedisS
     assert private_redis.process is not None
     private_redis.process.send_signal(signal.SIGSTOP)  # a pause far shorter than REDIS_TIMEOUT
     try:
-        for _ in range(4):
-            with pytest.raises(DeadlineExceeded):
+        with pytest.raises(DeadlineExceeded):
+            await backend.decide(checks, timeout=0.02)
+        for _ in range(3):  # Redis silent longer than these callers can wait: told at once
+            with pytest.raises(BackendUnavailable, match="silent for"):
                 await backend.decide(checks, timeout=0.02)
     finally:
         private_redis.process.send_signal(signal.SIGCONT)
@@ -198,7 +200,7 @@ async def test_a_hung_redis_opens_the_breaker_whatever_the_callers_deadlines(pri
         started = time.monotonic()
         while not breaker.is_open:  # each batch cut off at REDIS_TIMEOUT is one more
             assert time.monotonic() - started < 2
-            with pytest.raises(DeadlineExceeded):
+            with pytest.raises(BackendUnavailable):
                 await backend.decide(checks, timeout=0.02)
             await asyncio.sleep(0.01)
         started = time.monotonic()
@@ -313,6 +315,11 @@ async def test_a_call_about_to_pass_its_deadline_is_answered_by_the_failure_mode
             reply = await service.decide("f", descriptors, 0, timeout=0.02)
             assert reply.overall_code == (OVER_LIMIT if mode == "deny" else OK)
             assert time.monotonic() - started < 0.02  # heard before the caller gives up
+    finally:
+        private_redis.process.send_signal(signal.SIGCONT)
+    await service.decide("f", descriptors, 0)
+    private_redis.process.send_signal(signal.SIGSTOP)
+    try:
         with pytest.raises(DeadlineExceeded):  # too short for any answer but gRPC's own
             await service.decide("f", descriptors, 0, timeout=0.015)
     finally:
@@ -321,6 +328,33 @@ async def test_a_call_about_to_pass_its_deadline_is_answered_by_the_failure_mode
     assert registry.get_sample_value("ratelimit_storage_errors_total") == 0
     assert registry.get_sample_value("ratelimit_degraded_decisions_total", {"mode": mode}) == (
         None if mode == "error" else 1)
+    await backend.close()
+
+
+@pytest.mark.parametrize("mode", ["allow", "deny", "local"])
+async def test_a_redis_silent_longer_than_a_caller_can_wait_gets_the_failure_mode_at_once(
+        write_config: Callable[..., Path], private_redis: RedisServer, mode: str) -> None:
+    config = load_directory(write_config(CONFIG))
+    backend = RedisBackend(private_redis.url, timeout=2.0)
+    service = RateLimitService(Limiter(lambda: config, backend, LimiterOptions(failure_mode=mode)))
+    descriptors = [Descriptor((("k", "v"),))]
+    await service.decide("f", descriptors, 0)
+    assert private_redis.process is not None
+    private_redis.process.send_signal(signal.SIGSTOP)
+    try:
+        first = asyncio.create_task(service.decide("f", descriptors, 0, timeout=1.0))  # waits: it has time
+        await asyncio.sleep(0.03)
+        started = time.monotonic()
+        # Envoy's 20 ms: Redis has already been silent longer than that
+        codes = [(await service.decide("f", descriptors, 0, timeout=0.02)).overall_code for _ in range(20)]
+        assert time.monotonic() - started < 0.02  # all twenty at once, not each near its deadline
+        # local: this process's own count of the limit (4 per minute)
+        assert codes == {"allow": [OK] * 20, "deny": [OVER_LIMIT] * 20, "local": [OK] * 4 + [OVER_LIMIT] * 16}[mode]
+        assert not first.done()
+    finally:
+        private_redis.process.send_signal(signal.SIGCONT)
+    assert (await first).overall_code == OK  # Redis's own answer, once it came
+    assert service.metrics.registry.get_sample_value("ratelimit_degraded_decisions_total", {"mode": mode}) == 20
     await backend.close()
 
 
