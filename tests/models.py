@@ -10,6 +10,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 from fractions import Fraction
 
+LONGEST_US = 2**51  # about 71 years: a bucket's longest wait told (and its key's longest life)
+
+
+def _told(wait: Fraction) -> int:
+    """A bucket's wait in whole microseconds, rounded up and saturated at LONGEST_US."""
+    return min(math.ceil(wait), LONGEST_US)
+
 
 @dataclass
 class Answer:
@@ -81,7 +88,7 @@ class Model:
             return max(0, c.limit - self.windows[c.key].get(idx, 0)), c.window - e
         tokens = self._tokens(c, now)
         burst = c.limit if c.burst is None else c.burst
-        full = 0 if tokens >= burst or c.limit == 0 else math.ceil((burst - tokens) * c.window / c.limit)
+        full = 0 if tokens >= burst or c.limit == 0 else _told((burst - tokens) * c.window / c.limit)
         return math.floor(tokens), full
 
     def _over(self, c: Check, now: int) -> int | None:
@@ -120,8 +127,8 @@ class Model:
         if c.limit == 0:
             return 31_536_000_000_000  # never refills: a year, the key's lifetime
         if h > burst:
-            return math.ceil(Fraction(burst * c.window, c.limit))  # never fits: the time to fill from empty
-        return math.ceil((h - tokens) * c.window / c.limit)
+            return _told(Fraction(burst * c.window, c.limit))  # never fits: the time to fill from empty
+        return _told((h - tokens) * c.window / c.limit)
 
     def _apply(self, c: Check, now: int) -> None:
         if c.algorithm == "sliding_window_log":
