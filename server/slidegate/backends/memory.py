@@ -92,6 +92,7 @@ class _LogHits:
     times: list[int]
     counts: list[int]
     base: int = 0
+    removed: int | None = None  # the newest time given back: never used again while the key lives ("@")
 
 
 @dataclass
@@ -115,9 +116,11 @@ class _Log:
             # pruned hits are gone for good, as in Redis, even when this request is rejected
             hits.base = hits.counts[gone - 1]
             del hits.times[:gone], hits.counts[:gone]
-            if not hits.times:
-                store.delete(key)
-        at = max(now, hits.times[-1] + 1) if hits.times else now
+        if not hits.times and not (hits.removed is not None and hits.removed >= now):
+            store.delete(key)
+            hits = _LogHits([], [])
+        # after the newest hit and after any hit given back, as lua/sliding_window_log.lua
+        at = max(now, hits.times[-1] + 1 if hits.times else now, now if hits.removed is None else hits.removed + 1)
         return cls(key, limit, window, hits, at)
 
     def _total(self) -> int:
@@ -160,12 +163,15 @@ class _Log:
                 log.counts[-1] -= give
                 break
             give -= newest
-            log.times.pop()
+            gone = log.times.pop()
             log.counts.pop()
+            log.removed = gone if log.removed is None else max(log.removed, gone)
         if self.pend > 0:
             log.times.append(self.at)
             log.counts.append((log.counts[-1] if log.counts else log.base) + self.pend)
-        if not log.times:
+        if not log.times and log.removed is not None and log.removed >= now:
+            store.update(self.key, log)  # no hits left, but the time given back is not past yet
+        elif not log.times:
             store.delete(self.key)
         elif self.pend > 0:
             store.set(self.key, log, now, self.at + self.window - now)
