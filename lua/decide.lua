@@ -10,6 +10,9 @@
 --           limits: algorithm name, p1, p2, p3 (the algorithm's parameters, see its file), hits (0 = check
 --           only; negative = give |hits| back, Envoy's is_negative_hits), shadow ("1": the limit is
 --           evaluated but being over does not reject the request, else "0").
+--           A request that may be undone (one part of a request that spans Redis Cluster slots, whose other
+--           parts are decided by other nodes) gives -n instead of n, followed by the lifetime of its holds in
+--           microseconds (see token_bucket.lua); its hits are never negative.
 -- KEYS      the storage key of every limit, request after request (one key per limit, whatever the algorithm).
 --
 -- All-or-nothing per request: a request is admitted only when none of its (non-shadow) limits is over; then
@@ -20,6 +23,15 @@
 --   admitted (or counted anyway): remaining and reset after this request's hits;
 --   rejected, limit not over:     remaining and reset as if this request had not come;
 --   over limit:                   remaining 0, reset = time until this request's hits would fit.
+-- A request that may be undone adds for each limit: remaining and reset as if this request had not come, and
+-- a receipt r1, r2 (r1 = -1: nothing to undo) naming exactly what this request wrote, given when it was
+-- admitted, once per key.
+--
+-- ARGV[2] = "undo" undoes admitted requests from their receipts: ARGV[3] = m, then for each of m limits:
+-- algorithm name, p1, p2, p3, r1, r2, with its key in KEYS. Each algorithm's undo takes back exactly what the
+-- receipt names, as if that request had never come, or a lower bound of it where that is not known (then it
+-- never gives back more than the request took: the undo can only err towards counting too much). Reply: for
+-- each limit 1 when something was taken back, else 0.
 
 local algorithms = {}
 
@@ -54,8 +66,8 @@ else
 end
 
 -- Decide the request whose limits are KEYS[k0 + 1 .. k0 + n] and whose arguments start at ARGV[a0 + 1];
--- append its answer to `reply`.
-local function decide(k0, a0, n, reply)
+-- append its answer to `reply`. `hold` (microseconds) is set for a request that may be undone.
+local function decide(k0, a0, n, hold, reply)
   local states = {}   -- key -> state, so a limit named twice in one request is counted once, with both hits
   local order = {}    -- keys in first-seen order: writes happen in a deterministic order
   local answers = {}
@@ -85,13 +97,14 @@ local function decide(k0, a0, n, reply)
   for _, key in ipairs(order) do
     local st = states[key]
     if admitted == 1 or st.counts_denied then
-      st.algorithm.save(st, now)
+      st.algorithm.save(st, now, hold)
     elseif st.algorithm.keep then
       st.algorithm.keep(st, now)
     end
   end
 
   reply[#reply + 1] = admitted
+  local receipted = {}
   for i = 1, n do
     local a = answers[i]
     if a[1] == 1 then
@@ -107,16 +120,47 @@ local function decide(k0, a0, n, reply)
       reply[#reply + 1] = a.state.before[1]
       reply[#reply + 1] = a.state.before[2]
     end
+    if hold then
+      local st = a.state
+      reply[#reply + 1] = st.before[1]
+      reply[#reply + 1] = st.before[2]
+      local r1, r2 = -1, 0
+      if admitted == 1 and not receipted[st] then
+        receipted[st] = true
+        local x, y = st.algorithm.receipt(st)
+        if x then r1, r2 = x, y end
+      end
+      reply[#reply + 1] = r1
+      reply[#reply + 1] = r2
+    end
   end
+end
+
+if ARGV[2] == 'undo' then
+  local undone = {}
+  for i = 1, tonumber(ARGV[3]) do
+    local b = 3 + (i - 1) * 6 + 1
+    local algorithm = algorithms[ARGV[b]]
+    if algorithm == nil then
+      return redis.error_reply('unknown algorithm ' .. tostring(ARGV[b]))
+    end
+    undone[i] = algorithm.undo(KEYS[i], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]),
+                               tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]), now)
+  end
+  return undone
 end
 
 local reply = {}
 local k0, a0 = 0, 2
 for _ = 1, tonumber(ARGV[2]) do
   local n = tonumber(ARGV[a0 + 1])
-  local err = decide(k0, a0 + 1, n, reply)
+  local head, hold = 1, nil
+  if n < 0 then  -- a request that may be undone: its holds' lifetime follows
+    n, head, hold = -n, 2, tonumber(ARGV[a0 + 2])
+  end
+  local err = decide(k0, a0 + head, n, hold, reply)
   if err then return err end
   k0 = k0 + n
-  a0 = a0 + 1 + 6 * n
+  a0 = a0 + head + 6 * n
 end
 return reply

@@ -9,6 +9,9 @@
 -- other descriptor) unless p3 = 1; over limit when the count after adding hits exceeds the limit.
 -- Reset: the end of the window, over limit or not.
 -- Negative hits are taken back (not below 0).
+-- Receipt (a request that may be undone): the window index its hits went to and their number, unless denied
+-- hits count (then a rejected request keeps them, as on one Redis: nothing to undo). Undo takes them back
+-- from that window if it is still the current one; a window gone has nothing left to undo.
 
 algorithms.fixed_window = {
   load = function(key, limit, window, stop_when_over, now)
@@ -22,7 +25,7 @@ algorithms.fixed_window = {
     if w and w > idx then idx = w end  -- the clock went back: keep counting in the newest window seen
     if w == idx then count = tonumber(stored[2]) or 0 end
     return {
-      key = key, limit = limit, window = window, idx = idx, count = count, changed = false,
+      key = key, limit = limit, window = window, idx = idx, count = count, changed = false, added = 0,
       counts_denied = stop_when_over ~= 1,
     }
   end,
@@ -39,6 +42,7 @@ algorithms.fixed_window = {
     if hits > 0 and (not over or st.counts_denied) then
       st.count = math.min(st.count + hits, 4503599627370496)  -- 2^52: stays exact; far over any limit
       st.changed = true
+      st.added = st.added + hits
     end
     if over then return 1, rem_before, reset, 0, 0, reset end
     return 0, rem_before, reset, math.max(0, st.limit - st.count), reset, 0
@@ -48,5 +52,18 @@ algorithms.fixed_window = {
     if not st.changed then return end
     redis.call('HSET', st.key, 'w', fmt(st.idx), 'c', fmt(st.count), 'W', fmt(st.window))
     pexpire_us(st.key, (st.idx + 1) * st.window - now)
+  end,
+
+  receipt = function(st)
+    if st.added > 0 and not st.counts_denied then return st.idx, st.added end
+  end,
+
+  undo = function(key, limit, window, stop_when_over, idx, hits, now)
+    local st = algorithms.fixed_window.load(key, limit, window, stop_when_over, now)
+    if st.idx ~= idx or st.count == 0 then return 0 end
+    st.count = math.max(0, st.count - hits)
+    st.changed = true
+    algorithms.fixed_window.save(st, now)
+    return 1
   end,
 }

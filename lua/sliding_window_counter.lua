@@ -11,6 +11,8 @@
 -- Reset within limit: the end of the current window (when the older window stops counting);
 -- over limit: the first instant at which counted + hits <= limit, found from the linear decay.
 -- Negative hits are taken back from the current window, then from the previous one.
+-- Receipt (a request that may be undone): the window index its hits went to and their number. Undo takes
+-- them back from that window, the current or the previous one; a window gone has nothing left to undo.
 
 algorithms.sliding_window_counter = {
   load = function(key, limit, window, _, now)
@@ -27,7 +29,7 @@ algorithms.sliding_window_counter = {
     elseif i == idx - 1 then
       prev = tonumber(stored[2]) or 0
     end
-    return {key = key, limit = limit, window = window, idx = idx, cur = cur, prev = prev}
+    return {key = key, limit = limit, window = window, idx = idx, cur = cur, prev = prev, added = 0}
   end,
 
   evaluate = function(st, hits, now)
@@ -62,6 +64,7 @@ algorithms.sliding_window_counter = {
       return 1, rem_before, reset_before, 0, 0, over_reset
     end
     st.cur = st.cur + hits
+    st.added = st.added + hits
     return 0, rem_before, reset_before, remaining(), reset(), 0
   end,
 
@@ -73,5 +76,22 @@ algorithms.sliding_window_counter = {
     redis.call('HSET', st.key, 'i', fmt(st.idx), 'c', fmt(st.cur), 'p', fmt(st.prev), 'W', fmt(st.window))
     -- the current window's hits count until the end of the next window
     pexpire_us(st.key, (st.idx + 2) * st.window - now)
+  end,
+
+  receipt = function(st)
+    if st.added > 0 then return st.idx, st.added end
+  end,
+
+  undo = function(key, limit, window, p3, idx, hits, now)
+    local st = algorithms.sliding_window_counter.load(key, limit, window, p3, now)
+    if idx == st.idx and st.cur > 0 then
+      st.cur = math.max(0, st.cur - hits)
+    elseif idx == st.idx - 1 and st.prev > 0 then
+      st.prev = math.max(0, st.prev - hits)
+    else
+      return 0
+    end
+    algorithms.sliding_window_counter.save(st, now)
+    return 1
   end,
 }

@@ -10,6 +10,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 from fractions import Fraction
 
+LONGEST_US = 2**51  # about 71 years: a bucket's longest wait told (and its key's longest life)
+
+
+def _told(wait: Fraction) -> int:
+    """A bucket's wait in whole microseconds, rounded up and saturated at LONGEST_US."""
+    return min(math.ceil(wait), LONGEST_US)
+
 
 @dataclass
 class Answer:
@@ -33,6 +40,9 @@ class Check:
 class Model:
     def __init__(self) -> None:
         self.log: dict[str, list[list[int]]] = defaultdict(list)  # key -> [[time, hits]] oldest first
+        # key -> the newest time of hits given back: no hit is recorded at or before it while the log has hits,
+        # or while it is not past
+        self.removed: dict[str, int] = {}
         self.windows: dict[str, dict[int, int]] = defaultdict(dict)  # key -> window index -> hits
         self.buckets: dict[str, tuple[Fraction, int]] = {}  # key -> (tokens, time of last update)
         self._request_at: dict[str, int] = {}
@@ -49,8 +59,9 @@ class Model:
         if c.key in self._request_at:
             return self._request_at[c.key]
         if c.algorithm == "sliding_window_log":
-            # after the newest hit, 1 µs later if the clock has not moved past it
-            return max([now, *(t + 1 for t, _ in self._live(c, now))])
+            # after the newest hit, 1 µs later if the clock has not moved past it, and after any given back
+            gone = [self.removed[c.key] + 1] if c.key in self.removed else []
+            return max([now, *(t + 1 for t, _ in self._live(c, now)), *gone])
         if c.algorithm == "token_bucket" and c.key in self.buckets:
             return max(now, self.buckets[c.key][1])
         return now
@@ -81,7 +92,7 @@ class Model:
             return max(0, c.limit - self.windows[c.key].get(idx, 0)), c.window - e
         tokens = self._tokens(c, now)
         burst = c.limit if c.burst is None else c.burst
-        full = 0 if tokens >= burst or c.limit == 0 else math.ceil((burst - tokens) * c.window / c.limit)
+        full = 0 if tokens >= burst or c.limit == 0 else _told((burst - tokens) * c.window / c.limit)
         return math.floor(tokens), full
 
     def _over(self, c: Check, now: int) -> int | None:
@@ -120,8 +131,8 @@ class Model:
         if c.limit == 0:
             return 31_536_000_000_000  # never refills: a year, the key's lifetime
         if h > burst:
-            return math.ceil(Fraction(burst * c.window, c.limit))  # never fits: the time to fill from empty
-        return math.ceil((h - tokens) * c.window / c.limit)
+            return _told(Fraction(burst * c.window, c.limit))  # never fits: the time to fill from empty
+        return _told((h - tokens) * c.window / c.limit)
 
     def _apply(self, c: Check, now: int) -> None:
         if c.algorithm == "sliding_window_log":
@@ -135,6 +146,8 @@ class Model:
                 give -= taken
                 if newest[1] == 0:
                     self.log[c.key].pop()
+                    if newest[0] != self._at(c, now):  # stored before this request (which was never stored)
+                        self.removed[c.key] = max(newest[0], self.removed.get(c.key, newest[0]))
         elif c.algorithm in ("sliding_window_counter", "fixed_window"):
             idx = now // c.window
             counts = self.windows[c.key]
@@ -156,17 +169,24 @@ class Model:
 
     # --- the request ---------------------------------------------------------------------------------------
 
+    def _forget_removed(self, key: str, now: int) -> None:
+        """A log with no hits forgets the time given back once it is past (its key is deleted)."""
+        if not self.log[key] and self.removed.get(key, now) < now:
+            del self.removed[key]
+
     def decide(self, now: int, checks: list[Check]) -> tuple[bool, list[Answer]]:
         self._request_at = {}
-        self._request_at = {c.key: self._at(c, now) for c in checks}
         for c in checks:
             # hits that have left the window are gone for good, even if the clock later steps back
             if c.algorithm == "sliding_window_log":
                 self.log[c.key] = self._live(c, now)
+                self._forget_removed(c.key, now)
+        self._request_at = {c.key: self._at(c, now) for c in checks}
         snapshot = (
             {k: [list(e) for e in v] for k, v in self.log.items()},
             {k: dict(v) for k, v in self.windows.items()},
             dict(self.buckets),
+            dict(self.removed),
         )
         answers: list[Answer] = []
         befores: list[tuple[int, int]] = []
@@ -189,11 +209,14 @@ class Model:
                 counted_anyway.add(i)
             answers.append(Answer(False, *self._view(c, now)))
         if admitted:
+            for c in checks:
+                if c.algorithm == "sliding_window_log":
+                    self._forget_removed(c.key, now)
             return True, answers
         # rejected: only fixed windows that count denied hits keep what this request did
         kept_windows = {checks[i].key: self.windows[checks[i].key] for i in counted_anyway}
-        self.log, self.windows, self.buckets = (defaultdict(list, snapshot[0]), defaultdict(dict, snapshot[1]),
-                                                snapshot[2])
+        self.log, self.windows, self.buckets, self.removed = (
+            defaultdict(list, snapshot[0]), defaultdict(dict, snapshot[1]), snapshot[2], snapshot[3])
         self.windows.update(kept_windows)
         first_before: dict[str, tuple[int, int]] = {}
         for c, seen in zip(checks, befores, strict=True):

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+import random
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 import redis
@@ -14,6 +16,10 @@ from slidegate.algorithms import Algorithm
 from slidegate.backends.base import Backend, Check
 from slidegate.backends.memory import MemoryBackend
 from slidegate.backends.redis import RedisBackend
+from slidegate.config import load_directory
+from slidegate.limiter import Descriptor, Limiter, LimiterOptions
+from slidegate.resources import resource_dir
+from tests.conftest import Clock
 
 S = 1_000_000  # one second in microseconds
 T0 = 1_700_000_000 * S  # a window boundary for windows of 10 s
@@ -273,6 +279,15 @@ async def test_a_buckets_tokens_carry_over_a_change_of_rate(backend: Backend, ke
     assert await take(7, hits=-1)  # give it back
     assert await take(3)  # one token, whatever the rate
     assert not await take(3)
+    # a bucket whose ticks pass 2^53 is stored as tokens and a fraction, a smaller one in ticks, as earlier
+    # versions read it: the same token goes back and forth between the two forms, never kept twice
+    assert await take(3, hits=-2)  # 2 tokens: 40,000,000 ticks of 20,000,000
+    assert await take(4294967295, hits=2)  # a token is 4,000,000 ticks here: stale ticks would be 10 tokens
+    assert not await take(4294967295)
+    assert not await take(3)
+    assert await take(3, hits=-1)
+    assert await take(4294967295)
+    assert not await take(3)
 
 
 async def test_a_log_rejection_renews_the_keys_expiry(redis_url: str, key_prefix: str) -> None:
@@ -326,4 +341,111 @@ async def test_expiries_follow_a_slower_rate_and_a_longer_window_without_writes(
         assert client.pttl(log) > 90_000
     finally:
         await backend.close()
+        client.close()
+
+
+async def test_the_largest_token_bucket_config_allows_counts_exactly(
+    backend: Backend, key_prefix: str, write_config: Callable[..., Path], clock: Clock
+) -> None:
+    # 4294967295 a minute: a token is 4,000,000 ticks, a full bucket about 2^64 of them (once refused at load)
+    config = load_directory(write_config("""
+        domain: big
+        descriptors:
+          - key: k
+            rate_limit: {unit: minute, requests_per_unit: 4294967295, algorithm: token_bucket}
+    """))
+    limiter = Limiter(lambda: config, backend, LimiterOptions(key_prefix=key_prefix), clock=clock)
+
+    async def take(hits: int) -> tuple[bool, int, int]:
+        [status] = await limiter.should_rate_limit("big", [Descriptor((("k", "v"),), hits_addend=hits)])
+        return status.over, status.remaining, status.reset_us
+
+    start = clock.now_us
+    assert await take(4294967295) == (False, 0, 60 * S)
+    assert await take(1) == (True, 0, 1)  # a token takes 60 s / 4294967295 = 0.014 µs
+    clock.now_us = start + S  # 4294967295 / 60 = 71582788.25 tokens back, 59 s from full
+    assert await take(0) == (False, 71582788, 59 * S)
+    assert await take(71582788) == (False, 0, 60 * S)  # 0.25 token left: 60 s less 3.5 ns, rounded up
+    assert await take(1) == (True, 0, 1)
+    clock.now_us = start + 61 * S - 1  # 0.25 + 59,999,999 µs x 71.58 tokens
+    assert await take(0) == (False, 4294967223, 1)
+    clock.now_us = start + 61 * S
+    assert await take(0) == (False, 4294967295, 0)
+    assert await take(4294967295) == (False, 0, 60 * S)
+
+
+async def test_a_bucket_stored_in_ticks_by_an_earlier_version_carries_on(redis_url: str, key_prefix: str) -> None:
+    # An earlier version stored {t = ticks, u, p = ticks per token}. 3 tokens per 10 s: a token is 10/3 s,
+    # 10,000,000 ticks at 3 ticks a microsecond; 2.5 tokens were left at T0.
+    key = f"{key_prefix}old-bucket"
+    client = redis.Redis.from_url(redis_url)
+    client.hset(key, mapping={"t": 25_000_000, "u": T0, "p": 10_000_000})
+    client.pexpire(key, 60_000)
+    backend = RedisBackend(redis_url)
+    try:
+        bucket = Limit(backend, BUCKET, key)
+        assert await bucket.hit(0.0, hits=0) == (False, 2, 1_666_667)
+        # half a second refills 1,500,000 ticks: 2.65 tokens, 0.35 short of 3
+        assert await bucket.hit(0.5, hits=3) == (True, 0, 1_166_667)
+        assert await bucket.hit(0.5, hits=2) == (False, 0, 7_833_334)
+        # stored as earlier versions read it: 0.65 token left
+        assert client.hmget(key, "t", "n") == [b"6500000", None]
+    finally:
+        await backend.close()
+        client.close()
+
+
+async def test_a_buckets_fraction_of_a_token_carries_over_a_change_of_rate_exactly(
+        backend: Backend, key_prefix: str) -> None:
+    key = f"{key_prefix}frac"
+
+    async def take(limit: int, at: int, hits: int) -> tuple[bool, int, int]:
+        decision = await backend.decide([Check(key, limit, 60 * S, hits, BUCKET)], T0 + at)
+        return decision.admitted, decision.outcomes[0].remaining, decision.outcomes[0].reset_us
+
+    # 2 a minute: a token is 30,000,000 ticks, one a microsecond; 1,851 µs after emptying, 1,851 ticks are back
+    assert (await take(2, 0, 2))[:2] == (True, 0)
+    assert (await take(2, 1851, 0))[:2] == (True, 0)
+    # 1 a minute from that instant: a token is 60,000,000 ticks and the fraction is 3,702 of them (doubles
+    # made it 1851 / 30e6 x 60e6 = 3701.9999..., rounded down to 3,701)
+    assert await take(1, 1851, 1) == (False, 0, 60 * S - 3702)
+
+
+def test_the_buckets_exact_arithmetic_at_its_edges(redis_url: str) -> None:
+    # lua/token_bucket.lua's muldiv and refill_time against Python's integers, on the values near 2^53 where
+    # doubles would round: windows up to 2^53 µs, rates up to 2^32 - 1, bursts up to 2^32 - 1
+    harness = ("local algorithms = {}\nlocal function fmt(x) return string.format('%.0f', x) end\n"
+               "local function extend_us() end\nlocal function pexpire_us() end\n"
+               + (resource_dir("lua") / "token_bucket.lua").read_text() + """
+local out = {}
+for i = 1, #ARGV, 5 do
+  local a, b, c = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  local q, r = muldiv(a, b, c)
+  local st = {per_token = c, per_us = tonumber(ARGV[i + 4])}
+  out[#out + 1] = fmt(q) .. ' ' .. fmt(r) .. ' ' .. fmt(refill_time(st, tonumber(ARGV[i + 3]), math.fmod(a, c)))
+end
+return out
+""")
+    rnd = random.Random(53)
+    top = 2**53 - 1
+
+    def near(limit: int) -> int:
+        choices: list[int] = [rnd.randrange(1, limit), limit - rnd.randrange(0, 1000),
+                              2 ** rnd.randrange(1, limit.bit_length()) - 1]
+        return rnd.choice(choices)
+
+    cases: list[tuple[int, int, int, int, int]] = []
+    while len(cases) < 20_000:
+        a, b, c = near(top), near(top), near(9007199254 * 10**6)
+        if a * b // c < 2**53:
+            cases.append((a, b, c, rnd.choice([1, 2, near(2**32)]), near(2**32)))
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        for i in range(0, len(cases), 2000):
+            chunk = cases[i:i + 2000]
+            got = client.eval(harness, 0, *(x for case in chunk for x in case))
+            expected = [f"{q} {r} {min(2**51, -(-(k * c - a % c) // per_us))}"
+                        for (a, b, c, k, per_us) in chunk for q, r in [divmod(a * b, c)]]
+            assert got == expected
+    finally:
         client.close()

@@ -25,8 +25,10 @@ from slidegate.backends.redis import RedisBackend
 from tests.models import Check as ModelCheck
 from tests.models import Model
 
-# (limit, window us, burst, stop_when_over): small limits and windows so that windows fill and roll often
-LIMITS = [
+Limit = tuple[int, int, int | None, bool]  # (limit, window us, burst, stop_when_over)
+
+# small limits and windows so that windows fill and roll often
+LIMITS: list[Limit] = [
     (1, 500_000, None, False),
     (3, 1_000_000, None, False),
     (5, 2_000_000, 8, True),
@@ -38,12 +40,15 @@ LIMITS = [
 FORWARD = st.one_of(st.sampled_from([0, 1, 250_000, 499_999, 500_000, 1_000_000]), st.integers(0, 1_500_000))
 # Redis TIME can step back (NTP, failover); the log and the bucket never let time run backwards per limit
 BACKWARD = st.one_of(FORWARD, st.sampled_from([-1, -300_000, -1_000_000]))
+HITS = [-50, -3, -2, -1, 0, 1, 1, 1, 2, 3, 5, 12]
 
 
-def steps(clock: st.SearchStrategy[int]) -> st.SearchStrategy[list[tuple[int, list[tuple[int, int, bool]]]]]:
+def steps(
+    clock: st.SearchStrategy[int], limits: list[Limit] = LIMITS, hits: list[int] = HITS
+) -> st.SearchStrategy[list[tuple[int, list[tuple[int, int, bool]]]]]:
     """Steps of (clock step in microseconds, [(limit index, hits, shadow)]): coarse clock steps land exactly on
     window edges, fine ones between them."""
-    check = st.tuples(st.integers(0, len(LIMITS) - 1), st.sampled_from([-50, -3, -2, -1, 0, 1, 1, 1, 2, 3, 5, 12]),
+    check = st.tuples(st.integers(0, len(limits) - 1), st.sampled_from(hits),
                       st.sampled_from([False, False, False, True]))
     return st.lists(st.tuples(clock, st.lists(check, min_size=1, max_size=4)), min_size=1, max_size=40)
 
@@ -60,6 +65,37 @@ def test_backend_agrees_with_model(
     if backend_name.endswith("blocked-cache"):
         # the cache's one documented blind spot: room made early by hits given back (or by time running back)
         trace = [(abs(step), [(i, abs(hits), shadow) for i, hits, shadow in picks]) for step, picks in trace]
+    run_trace(redis_url, backend_name, algorithm, LIMITS, trace)
+
+
+YEAR = 31_536_000_000_000
+# Token buckets as large as config allows: their tick counts (burst x ticks per token) pass 2^53 by far
+HUGE_BUCKETS: list[Limit] = [
+    (4294967295, 60_000_000, None, False),  # 4294967295 per minute
+    (4294967295, 285 * YEAR, None, False),  # per 285 years (unit: year, unit_multiplier: 285)
+    (4294967291, 86_400_000_000, None, False),  # a prime per day: one token is 86,400,000,000 ticks
+    (1, 3_600_000_000, 4294967295, False),  # burst 2^32 - 1 refilled one an hour
+    (7, 285 * YEAR, 4294967295, False),  # filling takes longer than any wait told
+    (4294967291, 285 * YEAR, 1, False),  # one token every 2.09 s, of 8,987,760,000,000,000 ticks
+    (0, 60_000_000, 4294967295, False),  # never refills
+]
+HUGE_STEPS = st.one_of(
+    st.sampled_from([0, 1, 7, 999_999, 2_092_619, 60_000_000, 3_600_000_000, 86_400_000_000, YEAR, -1, -1_000_000]),
+    st.integers(0, 10**11))
+
+
+@pytest.mark.parametrize("backend_name", ["redis", "memory"])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_huge_token_buckets_agree_with_model(redis_url: str, backend_name: str, data: st.DataObject) -> None:
+    hits = [-4294967295, -3, -1, 0, 1, 2, 5, 71582788, 2**31, 4294967291, 4294967295]
+    trace = data.draw(steps(HUGE_STEPS, HUGE_BUCKETS, hits))
+    run_trace(redis_url, backend_name, Algorithm.TOKEN_BUCKET, HUGE_BUCKETS, trace)
+
+
+def run_trace(redis_url: str, backend_name: str, algorithm: Algorithm, limits: list[Limit],
+              trace: list[tuple[int, list[tuple[int, int, bool]]]]) -> None:
+    """Play ``trace`` on the backend and on the model, and require the same answer at every step."""
     prefix = f"sgprop-{uuid.uuid4().hex}:"
 
     async def run() -> None:
@@ -73,8 +109,8 @@ def test_backend_agrees_with_model(
             for clock_step, picks in trace:
                 now += clock_step
                 checks = [
-                    Check(f"{prefix}{i}", LIMITS[i][0], LIMITS[i][1], hits, algorithm,
-                          burst=LIMITS[i][2], stop_when_over=LIMITS[i][3], shadow=shadow)
+                    Check(f"{prefix}{i}", limits[i][0], limits[i][1], hits, algorithm,
+                          burst=limits[i][2], stop_when_over=limits[i][3], shadow=shadow)
                     for i, hits, shadow in picks
                 ]
                 decision = await backend.decide(checks, now)
@@ -96,5 +132,5 @@ def test_backend_agrees_with_model(
         asyncio.run(run())
     finally:
         client = redis.Redis.from_url(redis_url)
-        client.delete(*(f"{prefix}{i}" for i in range(len(LIMITS))))  # the only keys the trace can name
+        client.delete(*(f"{prefix}{i}" for i in range(len(limits))))  # the only keys the trace can name
         client.close()

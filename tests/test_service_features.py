@@ -16,6 +16,7 @@ from slidegate._proto.envoy.type.v3 import ratelimit_unit_pb2
 from slidegate._proto.slidegate.wire.v1 import lenient_pb2
 from slidegate.algorithms import Algorithm
 from slidegate.service import METHOD
+from tests.conftest import Clock
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
 
 Start = Callable[..., Any]
@@ -163,20 +164,35 @@ async def test_values_that_are_not_utf8_are_limited(rls: Start) -> None:
     assert (await call(raw)).overall_code == OK
 
 
-async def test_overrides_beyond_exact_counting_are_refused(rls: Start) -> None:
+async def test_an_override_with_a_window_beyond_exact_counting_is_refused(rls: Start) -> None:
     stub = await rls(CONFIG, limiter_options={"default_algorithm": Algorithm.TOKEN_BUCKET})
-    cases = [
-        ((1, ratelimit_unit_pb2.YEAR, 1000), "limit override window of 31536000000 s is longer than the "
-                                             "9007199254 s allowed"),
-        ((4294967291, ratelimit_unit_pb2.YEAR, 1), "limit override is a token bucket too large to count exactly"),
-    ]
-    for (requests, unit, multiplier), reason in cases:
-        d = descriptor(("user", "o"))
-        d.limit.requests_per_unit, d.limit.unit = requests, unit
-        d.limit.unit_multiplier.value = multiplier
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await stub.ShouldRateLimit(request("f", d))
-        assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, reason)
+    d = descriptor(("user", "o"))
+    d.limit.requests_per_unit, d.limit.unit = 1, ratelimit_unit_pb2.YEAR
+    d.limit.unit_multiplier.value = 1000
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.ShouldRateLimit(request("f", d))
+    assert (caught.value.code(), caught.value.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "limit override window of 31536000000 s is longer than the 9007199254 s allowed")
+
+
+async def test_an_override_of_the_largest_token_bucket_counts_exactly(rls: Start, clock: Clock) -> None:
+    # 4294967291 (a prime) a year: a token is 31,536,000,000,000 ticks, a full bucket about 2^77 (once refused)
+    stub = await rls(CONFIG, limiter_options={"default_algorithm": Algorithm.TOKEN_BUCKET})
+
+    async def take(hits: int) -> tuple[int, int, int]:
+        d = descriptor(("user", "o"), hits=hits)
+        d.limit.requests_per_unit, d.limit.unit = 4294967291, ratelimit_unit_pb2.YEAR
+        reply = await stub.ShouldRateLimit(request("f", d))
+        return reply.overall_code, reply.statuses[0].limit_remaining, reply.statuses[0].duration_until_reset.seconds
+
+    assert await take(4294967291) == (OK, 0, 31_536_000)
+    assert await take(1) == (OVER_LIMIT, 0, 1)  # a token every 7.3 ms, rounded up to a whole second
+    clock.advance(1.0)  # 136.19 tokens back
+    assert await take(137) == (OVER_LIMIT, 0, 1)
+    assert (await take(136))[:2] == (OK, 0)
+    clock.advance(31_536_000.0)
+    assert await take(0) == (OK, 4294967291, 0)
 
 
 async def test_dynamic_metadata_with_values_that_are_not_utf8(rls: Start) -> None:

@@ -25,20 +25,14 @@ class Algorithm(enum.StrEnum):
 ALGORITHM_NAMES = ", ".join(a.value for a in Algorithm)
 
 
-def token_bucket_ticks(requests_per_unit: int, window_us: int, burst: int) -> tuple[int, int, int]:
-    """Exact integer units of a token bucket that holds ``burst`` tokens and refills ``requests_per_unit``
-    tokens per ``window_us`` microseconds: (capacity in ticks, ticks per token, ticks refilled per
-    microsecond). With g = gcd(requests_per_unit, window_us): a token is window_us / g ticks and a
-    microsecond refills requests_per_unit / g ticks, so refill never loses a fraction. A bucket that never
-    refills (requests_per_unit 0) has one tick per token and refills 0."""
+def token_bucket_ticks(requests_per_unit: int, window_us: int) -> tuple[int, int]:
+    """The integer units in which a token bucket refilling ``requests_per_unit`` tokens per ``window_us``
+    microseconds counts the fraction of its next token: (ticks per token, ticks refilled per microsecond).
+    With g = gcd(requests_per_unit, window_us): a token is window_us / g ticks and a microsecond refills
+    requests_per_unit / g ticks, so refill never loses a fraction. A bucket that never refills
+    (requests_per_unit 0) has one tick per token and refills 0. Both are below 2^53 for every limit the
+    config allows, so exact in Lua; lua/token_bucket.lua says how products of them are kept exact."""
     if requests_per_unit == 0:
-        return burst, 1, 0
+        return 1, 0
     g = math.gcd(requests_per_unit, window_us)
-    per_token = window_us // g
-    return burst * per_token, per_token, requests_per_unit // g
-
-
-def token_bucket_is_exact(requests_per_unit: int, window_us: int, burst: int) -> bool:
-    """Whether the bucket's tick counts stay exact in Lua (capacity plus a refill step below 2^53)."""
-    capacity, _, per_us = token_bucket_ticks(requests_per_unit, window_us, burst)
-    return capacity + per_us < MAX_EXACT
+    return window_us // g, requests_per_unit // g

@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from slidegate.algorithms import Algorithm, token_bucket_is_exact
+from slidegate.algorithms import Algorithm
 from slidegate.backends.base import Backend, BackendUnavailable, Check, DeadlineExceeded, Decision, Outcome
 from slidegate.config.loader import MAX_WINDOW_SECONDS
 from slidegate.config.model import Config, DescriptorNode, RateLimit
@@ -21,7 +21,7 @@ UNLIMITED_REMAINING = 4294967295  # what envoyproxy/ratelimit reports for unlimi
 
 
 class InvalidOverride(ValueError):
-    """A request's limit override that cannot be counted exactly (too long a window, too big a bucket)."""
+    """A request's limit override that cannot be counted exactly (a window longer than config allows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,10 +139,6 @@ class Limiter:
             if limit.window_seconds > MAX_WINDOW_SECONDS:
                 raise InvalidOverride(f"limit override window of {limit.window_seconds} s is longer than the "
                                       f"{MAX_WINDOW_SECONDS} s allowed")
-            window_us = limit.window_seconds * 1_000_000
-            if limit.algorithm is Algorithm.TOKEN_BUCKET and not token_bucket_is_exact(
-                    limit.requests_per_unit, window_us, limit.requests_per_unit):
-                raise InvalidOverride("limit override is a token bucket too large to count exactly")
             # an override is its own limit: it does not share a counter with the configured one
             identity = f"{limit.algorithm.value}/{override.requests_per_unit}/{limit.window_seconds}"
             return Status(limit), limit_key(self._options.key_prefix, identity, domain, descriptor.entries,

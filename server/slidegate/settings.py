@@ -158,7 +158,8 @@ SPECS: tuple[Spec, ...] = (
          "password, or user:password, of the Sentinels themselves (REDIS_TYPE=sentinel)"),
     Spec("redis_hash_tag", "REDIS_HASH_TAG", "--redis-hash-tag", "limit", _choice("limit", "domain"),
          "what shares a Redis Cluster slot: limit (each limit its own; a request spanning slots is one call "
-         "per slot) or domain (a whole domain in one slot: every request one all-or-nothing call)"),
+         "per slot, undone where it admitted when another rejects) or domain (a whole domain in one slot: every "
+         "request one call)"),
     Spec("redis_tls", "REDIS_TLS", "--redis-tls", "false", _bool, "connect to Redis with TLS (as rediss://)"),
     Spec("redis_tls_cacert", "REDIS_TLS_CACERT", "--redis-tls-cacert", "", str,
          "CA bundle to verify Redis's certificate (empty: the system's)"),

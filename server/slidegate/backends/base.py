@@ -43,7 +43,7 @@ class Check:
     def params(self) -> tuple[int, int, int]:
         """The algorithm's three parameters, as lua/<algorithm>.lua and the memory backend take them."""
         if self.algorithm is Algorithm.TOKEN_BUCKET:
-            return token_bucket_ticks(self.limit, self.window_us, self.limit if self.burst is None else self.burst)
+            return (self.limit if self.burst is None else self.burst, *token_bucket_ticks(self.limit, self.window_us))
         return self.limit, self.window_us, int(self.stop_when_over)
 
     def clamped_hits(self) -> int:

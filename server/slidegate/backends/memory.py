@@ -92,6 +92,7 @@ class _LogHits:
     times: list[int]
     counts: list[int]
     base: int = 0
+    removed: int | None = None  # the newest time given back: never used again while the key lives ("@")
 
 
 @dataclass
@@ -115,9 +116,11 @@ class _Log:
             # pruned hits are gone for good, as in Redis, even when this request is rejected
             hits.base = hits.counts[gone - 1]
             del hits.times[:gone], hits.counts[:gone]
-            if not hits.times:
-                store.delete(key)
-        at = max(now, hits.times[-1] + 1) if hits.times else now
+        if not hits.times and not (hits.removed is not None and hits.removed >= now):
+            store.delete(key)
+            hits = _LogHits([], [])
+        # after the newest hit and after any hit given back, as lua/sliding_window_log.lua
+        at = max(now, hits.times[-1] + 1 if hits.times else now, now if hits.removed is None else hits.removed + 1)
         return cls(key, limit, window, hits, at)
 
     def _total(self) -> int:
@@ -160,12 +163,15 @@ class _Log:
                 log.counts[-1] -= give
                 break
             give -= newest
-            log.times.pop()
+            gone = log.times.pop()
             log.counts.pop()
+            log.removed = gone if log.removed is None else max(log.removed, gone)
         if self.pend > 0:
             log.times.append(self.at)
             log.counts.append((log.counts[-1] if log.counts else log.base) + self.pend)
-        if not log.times:
+        if not log.times and log.removed is not None and log.removed >= now:
+            store.update(self.key, log)  # no hits left, but the time given back is not past yet
+        elif not log.times:
             store.delete(self.key)
         elif self.pend > 0:
             store.set(self.key, log, now, self.at + self.window - now)
@@ -253,70 +259,82 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 NEVER_US = 31_536_000_000_000  # a year: the lifetime of a bucket that never refills, as lua/token_bucket.lua
+LONGEST_US = 2**51  # about 71 years: the longest wait told and the longest a bucket's key lives, as the Lua
 
 
 @dataclass
 class _Bucket:
-    """token_bucket: ticks in the bucket (see algorithms.token_bucket_ticks); no key means full."""
+    """token_bucket: whole tokens and ticks of the next one (see lua/token_bucket.lua, whose products this
+    computes in Python's integers); no key means full."""
 
     key: str
-    capacity: int
-    per_token: int
-    per_us: int
-    ticks: int
+    burst: int
+    per_token: int  # W: ticks per token
+    per_us: int  # R: ticks refilled per microsecond
+    tokens: int
+    ticks: int  # of the next token, below per_token
     updated: int  # time of the last update; never moves back
     stored: bool = False  # the key existed
     counts_denied: bool = False
 
     @classmethod
-    def load(cls, store: _Store, key: str, capacity: int, per_token: int, per_us: int, now: int) -> _Bucket:
-        ticks = capacity
-        updated = now
+    def load(cls, store: _Store, key: str, burst: int, per_token: int, per_us: int, now: int) -> _Bucket:
         stored = store.get(key, now)
-        if stored is not None:
-            ticks, before, was = stored
-            if was != per_token:  # a reload changed a tick's size: the tokens carry over, in doubles as the Lua
-                ticks = math.floor(ticks / was * per_token)
-            updated = max(now, before)
-            elapsed = now - before
-            if elapsed > 0 and per_us > 0:
-                ticks = capacity if elapsed >= _ceil_div(capacity - ticks, per_us) else ticks + elapsed * per_us
-            ticks = min(ticks, capacity)
-        return cls(key, capacity, per_token, per_us, ticks, updated, stored=stored is not None)
+        if stored is None:
+            return cls(key, burst, per_token, per_us, burst, 0, now)
+        tokens, ticks, before, was = stored
+        if was != per_token:  # a reload changed a tick's size: the fraction is converted, rounded down
+            ticks = ticks * per_token // was
+        if tokens >= burst:
+            tokens, ticks = burst, 0
+        elapsed = now - before
+        if elapsed > 0 and per_us > 0 and tokens < burst:
+            more, ticks = divmod(ticks + elapsed * per_us, per_token)
+            tokens += more
+            if tokens >= burst:
+                tokens, ticks = burst, 0
+        return cls(key, burst, per_token, per_us, tokens, ticks, max(now, before), stored=True)
+
+    def _refill_time(self, tokens: int, less_ticks: int) -> int:
+        """Microseconds until ``tokens`` whole tokens less ``less_ticks`` ticks have refilled (per_us > 0)."""
+        return min(LONGEST_US, _ceil_div(tokens * self.per_token - less_ticks, self.per_us))
 
     def _until_full(self) -> int:
-        if self.ticks >= self.capacity or self.per_us == 0:
+        if self.tokens >= self.burst or self.per_us == 0:
             return 0
-        return _ceil_div(self.capacity - self.ticks, self.per_us)
+        return self._refill_time(self.burst - self.tokens, self.ticks)
+
+    def _lifetime(self) -> int:
+        return self._until_full() if self.per_us else NEVER_US
 
     def evaluate(self, hits: int, now: int) -> Answer:
-        rem_before, reset_before = self.ticks // self.per_token, self._until_full()
+        rem_before, reset_before = self.tokens, self._until_full()
         if hits < 0:
-            self.ticks = min(self.capacity, self.ticks - hits * self.per_token)
-            return False, rem_before, reset_before, self.ticks // self.per_token, self._until_full(), 0
-        need = hits * self.per_token
-        if need > self.ticks:
+            self.tokens = min(self.burst, self.tokens - hits)
+            if self.tokens >= self.burst:
+                self.ticks = 0
+            return False, rem_before, reset_before, self.tokens, self._until_full(), 0
+        if hits > self.tokens:
             if self.per_us == 0:
                 over_reset = NEVER_US  # never refills: never fits (as lua/token_bucket.lua)
-            elif need > self.capacity:
-                over_reset = _ceil_div(self.capacity, self.per_us)  # never fits: the time to fill from empty
+            elif hits > self.burst:
+                over_reset = self._refill_time(self.burst, 0)  # never fits: the time to fill from empty
             else:
-                over_reset = _ceil_div(need - self.ticks, self.per_us)
+                over_reset = self._refill_time(hits - self.tokens, self.ticks)
             return True, rem_before, reset_before, 0, 0, over_reset
-        self.ticks -= need
-        return False, rem_before, reset_before, self.ticks // self.per_token, self._until_full(), 0
+        self.tokens -= hits
+        return False, rem_before, reset_before, self.tokens, self._until_full(), 0
 
     def keep(self, store: _Store, now: int) -> None:
         """Renew the key's expiry on a request that writes nothing (as lua/token_bucket.lua's keep)."""
-        if self.stored and self.ticks < self.capacity:
-            store.extend(self.key, _ceil_div(self.capacity - self.ticks, self.per_us) if self.per_us else NEVER_US)
+        if self.stored and self.tokens < self.burst:
+            store.extend(self.key, self._lifetime())
 
     def save(self, store: _Store, now: int) -> None:
-        if self.ticks >= self.capacity:
+        if self.tokens >= self.burst:
             store.delete(self.key)
             return
-        ttl = _ceil_div(self.capacity - self.ticks, self.per_us) if self.per_us else NEVER_US
-        store.set(self.key, (self.ticks, self.updated, self.per_token), now, ttl)
+        store.set(self.key, (self.tokens, self.ticks, self.updated, self.per_token), now, self._lifetime())
 
 
 @dataclass

@@ -3,6 +3,14 @@ one call per hash slot its keys fall in, sent together. On one Redis (or Sentine
 arrive while others are at Redis share the next script call (slidegate.backends.batching); each is still
 decided on its own, all-or-nothing, in arrival order.
 
+On a cluster a request spanning slots is all-or-nothing too: each slot's call may be undone (lua/decide.lua
+returns a receipt of what it wrote), and when any slot rejects, the slots that admitted are sent a
+compensating call that takes back exactly this request's hits. Until it lands the request holds that room
+(another request may be refused meanwhile); no request is ever admitted beyond a limit. When the compensating
+call fails (a node down), the request stays rejected and the hits it held stay counted: conservative. Hits
+given back (is_negative_hits) never reject and cannot be undone exactly, so in a request that also adds hits
+they are applied only once every slot has admitted it.
+
 Connection errors and timeouts become BackendUnavailable within ``timeout`` seconds (a few ms more at most:
 deadlines share one timer, slidegate.backends.deadlines). Nothing is retried
 except a NOSCRIPT reply (after SCRIPT FLUSH, a Redis restart or a failover to a node that never saw the
@@ -13,10 +21,13 @@ counted twice.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import itertools
+import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import hiredis
@@ -34,6 +45,20 @@ from slidegate.resources import lua_script
 
 __all__ = ["RedisBackend", "TlsOptions", "Topology", "check_url", "redact"]
 
+log = logging.getLogger(__name__)
+
+Receipt = tuple[int, int]  # what one slot's call wrote for a limit (lua/decide.lua), to undo it
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """One slot's share of a request, decided so that it can be undone: ``decision``; per check, ``unchanged``
+    (its remaining and reset as if the request had not come) and ``receipts`` (None: nothing to undo)."""
+
+    decision: Decision
+    unchanged: list[Outcome]
+    receipts: list[Receipt | None]
+
 
 class RedisBackend:
     """Limits of every algorithm in Redis: ``target`` is a single Redis's URL or a Topology (single, Sentinel
@@ -45,9 +70,9 @@ class RedisBackend:
     at once while Redis is failing (slidegate.backends.breaker). Raises ValueError for a malformed URL.
 
     On a cluster the checks of one request are grouped by hash slot and each group is decided by its own
-    script call, all sent at once: each group is all-or-nothing on its own, the request is admitted when every
-    group admits it, and a group that admitted keeps its hits when another rejects (or fails). Keys built
-    with REDIS_HASH_TAG=domain put a whole domain in one slot, so a request is one call and all-or-nothing.
+    script call, all sent at once; the request is admitted when every group admits it, and when one rejects
+    (or fails) the groups that admitted are undone (see the module docstring). Keys built with
+    REDIS_HASH_TAG=domain put a whole domain in one slot, so a request is one call.
     """
 
     def __init__(self, target: str | Topology, *, timeout: float = 0.25, pool_size: int = 64,
@@ -81,6 +106,10 @@ class RedisBackend:
         self._asked: dict[int, float] = {}
         self._asking = itertools.count()
         self._last_answer = 0.0
+        # a token bucket's hold waits this long for its undo (a decision and a compensating call, each within
+        # the timeout), then is confirmed: an undo arriving later gives nothing back
+        self._hold_us = round((2 * timeout + 0.1) * 1_000_000)
+        self._undoing: set[asyncio.Task[None]] = set()  # compensating calls that outlived their request
 
     def describe(self) -> str:
         return self._topology.describe()
@@ -109,39 +138,124 @@ class RedisBackend:
         try:
             if self._router is None:
                 return await self._batcher.submit((checks, clock), bound, grace=not caller_first)
-            async with asyncio.timeout(bound):
-                groups = self._groups(checks)
-                if len(groups) == 1:
+            async with asyncio.timeout(bound) as scope:
+                if len(self._groups(checks)) == 1:
                     return (await self._decide_many([(checks, clock)]))[0]
-                decisions = await asyncio.gather(
-                    *(self._decide_many([([checks[i] for i in g], clock)]) for g in groups), return_exceptions=True)
+                return await self._decide_across_slots(checks, clock, scope)
         except TimeoutError as exc:
             if caller_first:
                 raise DeadlineExceeded(f"{self.describe()}: the caller's deadline ({timeout:.3f} s) ran out") from exc
             raise BackendUnavailable(f"{self.describe()}: {_reason(exc)}") from exc
         except (RedisError, RedisClusterException, OSError) as exc:
             raise BackendUnavailable(f"{self.describe()}: {_reason(exc)}") from exc
-        outcomes: list[Outcome | None] = [None] * len(checks)
-        admitted = True
-        for group, decided in zip(groups, decisions, strict=True):
-            if isinstance(decided, BaseException):
-                if isinstance(decided, (RedisError, RedisClusterException, OSError)):
-                    raise BackendUnavailable(f"{self.describe()}: {_reason(decided)}") from decided
-                raise decided
-            [decision] = decided
-            admitted = admitted and decision.admitted
+
+    async def _decide_across_slots(self, checks: Sequence[Check], clock: str | int, scope: asyncio.Timeout) -> Decision:
+        """``checks`` spanning cluster slots, all-or-nothing: every slot decides its checks so that it can be
+        undone; when one rejects (or fails), the slots that admitted are undone. Hits given back wait until
+        every slot has admitted (they never reject, and taking them again would not be exact). Raises redis-py's
+        errors when a slot fails (after undoing the others)."""
+        giving = [i for i, c in enumerate(checks) if c.hits < 0]
+        if len(giving) == len(checks):  # nothing can reject
+            return await self._decide_in_slots(checks, clock)
+        # a check-only shadow stands in for each give-back: the limit as it stands, never a rejection
+        first = [dataclasses.replace(c, hits=0, shadow=True) if c.hits < 0 else c for c in checks]
+        groups = self._groups(first)
+        parts = await asyncio.gather(
+            *(self._decide_undoable([first[i] for i in g], clock) for g in groups), return_exceptions=True)
+        failed = next((p for p in parts if isinstance(p, BaseException)), None)
+        admitted = failed is None and all(isinstance(p, _Part) and p.decision.admitted for p in parts)
+        outcomes: list[Outcome] = [Outcome(False, 0, 0)] * len(checks)
+        undo: list[tuple[Check, Receipt]] = []
+        for group, part in zip(groups, parts, strict=True):
+            if not isinstance(part, _Part):
+                continue
+            taken_back = set()
+            if not admitted and part.decision.admitted:
+                for i, receipt in zip(group, part.receipts, strict=True):
+                    if receipt is not None:
+                        undo.append((first[i], receipt))
+                        taken_back.add(first[i].key)
+            for i, outcome, unchanged in zip(group, part.decision.outcomes, part.unchanged, strict=True):
+                # a give-back, or hits taken back: the limit as if this request had not come
+                outcomes[i] = unchanged if checks[i].hits < 0 or (
+                    first[i].key in taken_back and not outcome.over) else outcome
+        if undo:
+            await self._give_back(undo, clock, scope)
+        if failed is not None:
+            raise failed
+        if admitted and giving:
+            for i, outcome in zip(giving, (await self._decide_in_slots([checks[i] for i in giving], clock)).outcomes,
+                                  strict=True):
+                outcomes[i] = outcome
+        return Decision(admitted, outcomes)
+
+    async def _decide_in_slots(self, checks: Sequence[Check], clock: str | int) -> Decision:
+        """``checks`` that cannot reject (give-backs), one call per slot."""
+        groups = self._groups(checks)
+        decisions = await asyncio.gather(*(self._decide_many([([checks[i] for i in g], clock)]) for g in groups))
+        outcomes: list[Outcome] = [Outcome(False, 0, 0)] * len(checks)
+        for group, [decision] in zip(groups, decisions, strict=True):
             for i, outcome in zip(group, decision.outcomes, strict=True):
                 outcomes[i] = outcome
-        return Decision(admitted, [o for o in outcomes if o is not None])
+        return Decision(all(d.admitted for [d] in decisions), outcomes)
+
+    async def _decide_undoable(self, checks: Sequence[Check], clock: str | int) -> _Part:
+        """One slot's ``checks`` as a request that may be undone (lua/decide.lua: -n and the holds' lifetime)."""
+        keys = [c.key for c in checks]
+        args: list[str | int] = [clock, 1, -len(checks), self._hold_us]
+        for c in checks:
+            args += (c.algorithm.value, *c.params(), c.clamped_hits(), int(c.shadow))
+        reply = await self._eval(keys, args)
+        outcomes, unchanged, receipts = [], [], []
+        for i in range(1, 1 + 7 * len(checks), 7):
+            over, remaining, reset, before, before_reset, r1, r2 = (int(x) for x in reply[i:i + 7])
+            outcomes.append(Outcome(bool(over), remaining, reset))
+            unchanged.append(Outcome(False, before, before_reset))
+            receipts.append((r1, r2) if r1 >= 0 else None)
+        return _Part(Decision(bool(reply[0]), outcomes), unchanged, receipts)
+
+    async def _give_back(self, undo: list[tuple[Check, Receipt]], clock: str | int, scope: asyncio.Timeout) -> None:
+        """Undo what ``undo``'s receipts name, waiting for it while the request's time lasts; a compensating
+        call still running then goes on without it, one that fails is logged (its hits stay counted)."""
+        task = asyncio.create_task(self._undo(undo, clock))
+        self._undoing.add(task)
+        task.add_done_callback(self._undone)
+        deadline = scope.when()
+        left = None if deadline is None else deadline - asyncio.get_running_loop().time() - 0.002
+        if left is None or left > 0:
+            await asyncio.wait({task}, timeout=left)
+
+    def _undone(self, task: asyncio.Task[None]) -> None:
+        self._undoing.discard(task)
+        failure = None if task.cancelled() else task.exception()
+        if failure is not None:
+            log.warning("%s: a compensating call failed, so the hits of a rejected request stay counted on some "
+                        "limits until they leave their windows (%s)", self.describe(), _reason(failure))
+
+    async def _undo(self, undo: list[tuple[Check, Receipt]], clock: str | int) -> None:
+        """One compensating call per slot (lua/decide.lua's undo)."""
+        slots: dict[int, list[tuple[Check, Receipt]]] = {}
+        for item in undo:
+            slots.setdefault(self._slot(item[0].key), []).append(item)
+        calls = []
+        for items in slots.values():
+            args: list[str | int] = [clock, "undo", len(items)]
+            for c, (r1, r2) in items:
+                args += (c.algorithm.value, *c.params(), r1, r2)
+            calls.append(self._eval([c.key for c, _ in items], args))
+        for result in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
 
     def _groups(self, checks: Sequence[Check]) -> list[list[int]]:
         """Indexes of ``checks`` grouped by hash slot on a cluster (first-seen order), else one group."""
-        if self._router is None:
-            return [list(range(len(checks)))]
         slots: dict[int, list[int]] = {}
         for i, c in enumerate(checks):
-            slots.setdefault(self._router.slot(c.key), []).append(i)
+            slots.setdefault(self._slot(c.key), []).append(i)
         return list(slots.values())
+
+    def _slot(self, key: str) -> int:
+        return 0 if self._router is None else self._router.slot(key)
 
     async def _decide_many(self, requests: list[tuple[Sequence[Check], str | int]]) -> list[Decision]:
         """One Decision per request (its checks, its clock), in order: one script call for each run of
@@ -269,6 +383,8 @@ class RedisBackend:
 
     async def close(self) -> None:
         self._closed = True  # a call still running closes its connection itself
+        if self._undoing:  # compensating calls still running: their hits would otherwise stay counted
+            await asyncio.wait(set(self._undoing), timeout=self._timeout)
         if self._idle_loop is not asyncio.get_running_loop():
             self._idle = []  # their loop is gone, and their sockets with it
         for connection in self._idle:

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from slidegate.algorithms import ALGORITHM_NAMES, Algorithm, token_bucket_is_exact
+from slidegate.algorithms import ALGORITHM_NAMES, Algorithm
 from slidegate.config.errors import ConfigError, ConfigIssue
 from slidegate.config.model import Config, DescriptorNode, DomainConfig, Level, RateLimit, wildcard_pattern
 from slidegate.units import UNIT_NAMES, Unit
@@ -236,12 +236,6 @@ def _parse_rate_limit(f: _File, node: yaml.Node, field: str) -> RateLimit | None
         burst = f.integer(fields["burst"], f"{field}.burst", UINT32_MAX)
         if algorithm is not Algorithm.TOKEN_BUCKET:
             f.issue(fields["burst"], f"{field}.burst", "is only for algorithm: token_bucket")
-    if (algorithm is Algorithm.TOKEN_BUCKET and unit is not None and len(f.issues) == issues_before
-            and not token_bucket_is_exact(requests, unit.seconds * multiplier * 1_000_000,
-                                          requests if burst is None else burst)):
-        f.issue(fields.get("burst", node), field,
-                "token bucket too large to count exactly: lower burst or make requests_per_unit and the "
-                "window share a larger common divisor")
     replaces: list[str] = []
     if "replaces" in fields:
         replaces = _parse_replaces(f, fields["replaces"], f"{field}.replaces", name)

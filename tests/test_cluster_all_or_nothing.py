@@ -1,0 +1,227 @@
+"""On Redis Cluster a request whose limits fall in several hash slots is all-or-nothing, as on one Redis: a slot
+that admitted is undone when another rejects (backends/redis.py, lua/decide.lua's receipts and undo). Every test
+runs on a private cluster (tests/redis_topologies.py) with each limit's key in its own slot (the default)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from redis.crc import key_slot
+
+from slidegate.algorithms import Algorithm
+from slidegate.backends.base import Check
+from slidegate.backends.redis import RedisBackend, Topology
+from slidegate.config import load_directory
+from slidegate.keys import limit_key
+from slidegate.limiter import Descriptor, Limiter, LimiterOptions, Status
+from tests.redis_topologies import Cluster
+
+LOG, COUNTER, BUCKET, FIXED = (Algorithm.SLIDING_WINDOW_LOG, Algorithm.SLIDING_WINDOW_COUNTER,
+                               Algorithm.TOKEN_BUCKET, Algorithm.FIXED_WINDOW)
+# (algorithm, STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT): a fixed window that counts denied hits keeps them by
+# design (envoyproxy/ratelimit's semantics, as on one Redis), so it is tested apart
+UNDONE = [(LOG, False), (COUNTER, False), (BUCKET, False), (FIXED, True)]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    c = Cluster()
+    yield c
+    c.cleanup()
+
+
+Start = Callable[..., tuple[Limiter, RedisBackend]]
+
+
+@pytest.fixture
+def start(cluster: Cluster, write_config: Callable[..., Path]) -> Start:
+    """``start(org, user, algorithm, stop_when_over, domain_slot=False)``: a limiter whose domain ``o`` has an org
+    limit and a user limit per day (a day: nothing refills or rolls over during a test), and its backend, which
+    the test closes."""
+
+    def make(org: int, user: int, algorithm: Algorithm, stop_when_over: bool = False, *,
+             domain_slot: bool = False) -> tuple[Limiter, RedisBackend]:
+        config = load_directory(write_config(f"""
+            domain: o
+            descriptors:
+              - key: org
+                rate_limit: {{unit: day, requests_per_unit: {org}, algorithm: {algorithm.value}}}
+              - key: user
+                rate_limit: {{unit: day, requests_per_unit: {user}, algorithm: {algorithm.value}}}
+        """))  # the directory's one file: a second limiter of a test replaces it
+        backend = RedisBackend(Topology("cluster", cluster.url), timeout=2.0)
+        options = LimiterOptions(key_prefix=f"t-{uuid.uuid4().hex[:8]}:", stop_when_over=stop_when_over,
+                                 domain_slot=domain_slot)
+        return Limiter(lambda: config, backend, options), backend
+
+    return make
+
+
+def both(org: str, user: str, hits: int | None = None) -> list[Descriptor]:
+    return [Descriptor((("org", org),), hits_addend=hits), Descriptor((("user", user),), hits_addend=hits)]
+
+
+def admitted(statuses: list[Status]) -> bool:
+    return not any(s.over for s in statuses)
+
+
+async def remaining(limiter: Limiter, key: str, value: str) -> int:
+    [status] = await limiter.should_rate_limit("o", [Descriptor(((key, value),), hits_addend=0)])
+    return status.remaining
+
+
+def spread(limiter: Limiter, algorithm: Algorithm, users: int) -> None:
+    """The org's key and every user's fall in different slots: every request spans two slots."""
+    prefix = limiter._options.key_prefix
+    org = key_slot(limit_key(prefix, algorithm.value, "o", [("org", "acme")]).encode())
+    assert all(key_slot(limit_key(prefix, algorithm.value, "o", [("user", f"u{u}")]).encode()) != org
+               for u in range(users))
+
+
+@pytest.mark.parametrize(("algorithm", "stop_when_over"), UNDONE)
+async def test_users_sharing_an_org_limit_each_get_exactly_theirs(
+    start: Start, algorithm: Algorithm, stop_when_over: bool
+) -> None:
+    # 30 users x 7 requests, 5 a user, 150 for the org in another slot: a user's 6th and 7th requests are
+    # rejected by the user's limit and must not keep the org's hit (they drained it: 21 users got their 5)
+    limiter, backend = start(150, 5, algorithm, stop_when_over)
+    spread(limiter, algorithm, 30)
+    try:
+        got: Counter[int] = Counter()
+        for u in range(30):
+            for _ in range(7):
+                got[u] += admitted(await limiter.should_rate_limit("o", both("acme", f"u{u}")))
+        assert got == {u: 5 for u in range(30)}
+        assert await remaining(limiter, "org", "acme") == 0
+        assert {await remaining(limiter, "user", f"u{u}") for u in range(30)} == {0}
+    finally:
+        await backend.close()
+
+
+async def test_fixed_windows_that_count_denied_hits_keep_them_as_on_one_slot(start: Start) -> None:
+    # envoyproxy/ratelimit's fixed window counts every hit, admitted or not: across slots as in one slot
+    # (REDIS_HASH_TAG=domain), where one script call decides the whole request
+    results = []
+    for domain_slot in (False, True):
+        limiter, backend = start(20, 5, FIXED, domain_slot=domain_slot)
+        try:
+            got = [admitted(await limiter.should_rate_limit("o", both("acme", f"u{u}")))
+                   for u in range(5) for _ in range(7)]
+            left = [await remaining(limiter, "org", "acme"), *[await remaining(limiter, "user", f"u{u}")
+                                                               for u in range(5)]]
+            results.append((got, left))
+        finally:
+            await backend.close()
+    assert results[0] == results[1]
+    assert sum(results[0][0]) < 20  # the denied 6th and 7th requests took the org's room, by design
+
+
+@pytest.mark.parametrize(("algorithm", "stop_when_over"), UNDONE)
+async def test_concurrent_clients_across_slots_admit_exactly_the_limit(
+    start: Start, algorithm: Algorithm, stop_when_over: bool
+) -> None:
+    # 20 clients of 3 each, 40 for the org: rounds of 100 concurrent requests (5 a client, in a new order each
+    # round) until the org is full. A request may briefly hold room another is refused for (sent in the same
+    # order every round, the full clients' requests would take the org's last room first every time), but
+    # every limit ends counting exactly the requests it admitted, and the org exactly its limit
+    limiter, backend = start(40, 3, algorithm, stop_when_over)
+    spread(limiter, algorithm, 20)
+    order = random.Random(40)
+    try:
+        got: Counter[int] = Counter()
+        for _ in range(30):
+            clients = [u for u in range(20) for _ in range(5)]
+            order.shuffle(clients)
+            answers = await asyncio.gather(*(limiter.should_rate_limit("o", both("acme", f"u{u}")) for u in clients))
+            for u, answer in zip(clients, answers, strict=True):
+                got[u] += admitted(answer)
+            if await remaining(limiter, "org", "acme") == 0:
+                break
+        assert sum(got.values()) == 40
+        assert all(n <= 3 for n in got.values())
+        assert [await remaining(limiter, "user", f"u{u}") for u in range(20)] == [3 - got[u] for u in range(20)]
+    finally:
+        await backend.close()
+
+
+async def test_hits_given_back_wait_for_the_request_to_be_admitted(start: Start) -> None:
+    # a give-back never rejects and cannot be undone exactly: it is applied once every slot has admitted
+    limiter, backend = start(10, 1, LOG)
+    spread(limiter, LOG, 3)
+    try:
+        assert admitted(await limiter.should_rate_limit("o", both("acme", "u1", hits=3)[:1]))
+        assert admitted(await limiter.should_rate_limit("o", both("acme", "u1")[1:]))  # u1 is full now
+        refund = [Descriptor((("org", "acme"),), hits_addend=2, negative=True), Descriptor((("user", "u1"),))]
+        [org, user] = await limiter.should_rate_limit("o", refund)
+        assert (org.over, org.remaining, user.over) == (False, 7, True)  # as it stood: nothing given back
+        assert await remaining(limiter, "org", "acme") == 7
+        [org, user] = await limiter.should_rate_limit("o", [refund[0], Descriptor((("user", "u2"),))])
+        assert (org.over, org.remaining, user.over) == (False, 9, False)  # admitted: given back
+    finally:
+        await backend.close()
+
+
+async def test_a_failed_compensating_call_leaves_the_request_rejected_and_its_hits_counted(
+    start: Start, cluster: Cluster, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The org is full; a user's request is admitted by the user's slot and rejected by the org's, and the call
+    # that would undo the user's hit is refused by the user's node (its scripts denied right before it).
+    limiter, backend = start(1, 5, LOG)
+    spread(limiter, LOG, 2)
+    try:
+        assert admitted(await limiter.should_rate_limit("o", both("acme", "u0")))
+        user_key = limit_key(limiter._options.key_prefix, LOG.value, "o", [("user", "u1")])
+        node = cluster.client(cluster.master_of(user_key))
+        undo = backend._undo
+
+        async def refused(*args: object) -> None:
+            node.execute_command("ACL", "SETUSER", "default", "-@scripting")
+            try:
+                await undo(*args)  # type: ignore[arg-type]
+            finally:
+                node.execute_command("ACL", "SETUSER", "default", "+@all")
+
+        monkeypatch.setattr(backend, "_undo", refused)
+        with caplog.at_level(logging.WARNING, logger="slidegate"):
+            [org, user] = await limiter.should_rate_limit("o", both("acme", "u1"))
+            await asyncio.sleep(0)
+        assert (org.over, user.over, org.degraded) == (True, False, None)  # rejected, not the failure mode
+        assert "a compensating call failed" in caplog.text
+        assert await remaining(limiter, "user", "u1") == 4  # conservative: the hit stays counted
+    finally:
+        node.close()
+        await backend.close()
+
+
+def test_the_single_redis_path_sends_no_receipts(redis_url: str, key_prefix: str) -> None:
+    # receipts cost nothing where no request is undone: one Redis gets the plain call and the plain reply
+    async def run() -> tuple[tuple[str | int, ...], list[int]]:
+        backend = RedisBackend(redis_url)
+        try:
+            calls: list[tuple[tuple[str | int, ...], list[int]]] = []
+            execute = backend._execute
+
+            async def spy(keys: list[str], *command: str | int) -> list[int]:
+                reply: list[int] = await execute(keys, *command)  # a NOSCRIPT is sent again as EVAL
+                calls.append((command, reply))
+                return reply
+
+            backend._execute = spy  # type: ignore[method-assign]
+            await backend.decide([Check(f"{key_prefix}a", 3, 10_000_000, 1), Check(f"{key_prefix}b", 3, 10_000_000, 1)])
+            [call] = calls
+            return call
+        finally:
+            await backend.close()
+
+    command, reply = asyncio.run(run())
+    # EVALSHA (or EVAL), the script, 2 keys, the keys, the clock, one request of n = 2 limits (not -2 and a
+    # hold lifetime); the reply has three values a limit
+    assert command[5:8] == ("", 1, 2)
+    assert reply == [1, 0, 2, 10_000_000, 0, 2, 10_000_000]
