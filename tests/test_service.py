@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from slidegate.backends.redis import RedisBackend
 from slidegate.config import Config, load_directory
 from slidegate.heap import Remembered
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions
+from slidegate.logs import Repeated
 from slidegate.server import start_server
 from slidegate.service import RateLimitService
 from slidegate.stack import free_port
@@ -124,16 +126,19 @@ async def test_redis_down_is_unavailable_in_bounded_time_then_recovers(
     private_redis.start()  # same port, empty: the service reconnects by itself
     reply = await stub.ShouldRateLimit(req)
     assert reply.overall_code == OK and reply.statuses[0].limit_remaining == 1
+    await asyncio.sleep(service_module.OutageLog.QUIET)
+    await stub.ShouldRateLimit(req)
     # the outage is logged once (with a count), not once per call, and so is the recovery
     messages = [r.getMessage() for r in caplog.records if r.name == "slidegate.service"]
     assert len(messages) == 2
     assert messages[0].startswith("storage unavailable: 1 calls failed or were decided by the failure mode; last: ")
-    assert messages[1].startswith("storage answering again after ")
-    assert messages[1].endswith(" (2 more calls failed since the last line)")
+    assert messages[1].startswith("storage answering again: no call failed for 1.")
+    assert messages[1].endswith(" (2 more since the last line)")
 
 
 async def test_answers_from_the_over_limit_cache_are_not_the_storage_answering(
-        write_config: Callable[..., Path], private_redis: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+        write_config: Callable[..., Path], private_redis: RedisServer, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     config = load_directory(write_config(CONFIG))
     backend = OverLimitCache(RedisBackend(private_redis.url, timeout=0.2))
     service = RateLimitService(Limiter(lambda: config, backend))
@@ -148,9 +153,10 @@ async def test_answers_from_the_over_limit_cache_are_not_the_storage_answering(
     messages = [r.getMessage() for r in caplog.records if r.name == "slidegate.service"]
     assert len(messages) == 1 and messages[0].startswith("storage unavailable: 1 calls failed")
     private_redis.start()
+    monkeypatch.setattr(service_module.OutageLog, "QUIET", 0.0)
     assert (await service.decide("api", fresh, 0)).overall_code == OK
     messages = [r.getMessage() for r in caplog.records if r.name == "slidegate.service"]
-    assert len(messages) == 2 and messages[1].endswith("(49 more calls failed since the last line)")
+    assert len(messages) == 2 and messages[1].endswith("(49 more since the last line)")
     await backend.close()
 
 
@@ -161,15 +167,42 @@ def test_an_outage_is_one_line_every_ten_seconds(caplog: pytest.LogCaptureFixtur
         now[0] = i / 50
         outage.failed("no answer in time")
     now[0] = 40.0
+    outage.answered()  # too soon after the last failure to say
+    now[0] = 41.0
     outage.answered()
     outage.answered()  # nothing more to say
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 5
-    assert messages[1] == ("storage unavailable: 500 calls failed or were decided by the failure mode in the last 10 "
-                           "s; last: no answer in time")
     assert messages[0] == ("storage unavailable: 1 calls failed or were decided by the failure mode; last: no answer "
                            "in time")
-    assert messages[4] == "storage answering again after 40.0 s (499 more calls failed since the last line)"
+    assert messages[1] == ("storage unavailable: 500 calls failed or were decided by the failure mode in the last 10 "
+                           "s; last: no answer in time")
+    assert messages[4] == ("storage answering again: no call failed for 1.0 s, after failures for 40.0 s (499 more "
+                           "since the last line)")
+
+
+def test_a_partial_outage_answering_by_turns_is_one_outage(caplog: pytest.LogCaptureFixture) -> None:
+    # a cluster with one master down: its slots fail while the others answer, call after call
+    now = [0.0]
+    outage = service_module.OutageLog(clock=lambda: now[0])
+    for i in range(2000):
+        now[0] = i / 50
+        if i % 2:
+            outage.failed("a master is down")
+        else:
+            outage.answered()
+    assert len(caplog.records) == 4  # the first failure, then one line each 10 s
+
+
+def test_a_repeated_warning_is_one_line_every_ten_seconds(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    warn = Repeated(logging.getLogger("test"), "a compensating call failed (%s)", clock=lambda: now[0])
+    for i in range(1000):  # 20 s, 50 a second
+        now[0] = i / 50
+        warn(f"error {i}")
+    assert [r.getMessage() for r in caplog.records] == [
+        "a compensating call failed (error 0)",
+        "a compensating call failed (error 500) (499 more like it in the last 10 s)"]
 
 
 async def test_redis_that_never_answers_is_bounded(rls: Start) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
@@ -52,3 +53,28 @@ def configure_logging(level: str, fmt: str, *, worker: bool = False) -> None:
     # watchfiles logs each change it sees (debug) and each reload (info): a log file written inside the watched
     # directory would make every line it logs another change to log, without end
     logging.getLogger("watchfiles").setLevel(max(wanted, logging.WARNING))
+
+
+class Repeated:
+    """A warning that may come many times a second: the first at once, then at most one line every ``every``
+    seconds, with the count of those not written since."""
+
+    def __init__(self, logger: logging.Logger, message: str, every: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._logger = logger
+        self._message = message  # formatted with one argument, the detail of the last occurrence
+        self._every = every
+        self._clock = clock
+        self._last_line: float | None = None
+        self._unwritten = 0
+
+    def __call__(self, detail: str) -> None:
+        now = self._clock()
+        if self._last_line is not None and now - self._last_line < self._every:
+            self._unwritten += 1
+            return
+        more = ""
+        if self._unwritten and self._last_line is not None:
+            more = f" ({self._unwritten} more like it in the last {now - self._last_line:.0f} s)"
+        self._logger.warning(self._message + more, detail)
+        self._last_line, self._unwritten = now, 0

@@ -314,32 +314,43 @@ class RateLimitService:
 
 
 class OutageLog:
-    """The log of a storage outage: its first failed call at once, then one line every LINE_EVERY seconds with
-    the count, and one line when the storage itself answers again (an answer from the over-limit cache is not
-    one). One line per failed call flooded the log (2,624 lines in 40 s)."""
+    """The log of a storage outage: its first failed call at once, then at most one line every LINE_EVERY seconds
+    with the count, and one line when the storage itself answers again with no call failing for QUIET seconds
+    (an answer from the over-limit cache is not the storage; a cluster with one master down answers and fails
+    by turns, and that is one outage, not a line each time). One line per failed call flooded the log (2,624
+    lines in 40 s)."""
 
     LINE_EVERY = 10.0
+    QUIET = 1.0
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._since: float | None = None  # when the outage began
-        self._last_line: float | None = None
+        self._first: float | None = None  # the first failure since the storage last answered for QUIET s
+        self._last = 0.0  # the last failure
         self._failed = 0  # calls failed since the last line
+        self._last_line: float | None = None
+        self._announced = False  # a line said that this outage began
 
     def failed(self, reason: str) -> None:
         now = self._clock()
         self._failed += 1
-        if self._since is None:
-            self._since = now
+        self._last = now
+        if self._first is None:
+            self._first = now
         if self._last_line is None or now - self._last_line >= self.LINE_EVERY:
             log.warning("storage unavailable: %d calls failed or were decided by the failure mode%s; last: %s",
                         self._failed, "" if self._last_line is None else f" in the last {now - self._last_line:.0f} s",
                         reason)
-            self._failed, self._last_line = 0, now
+            self._failed, self._last_line, self._announced = 0, now, True
 
     def answered(self) -> None:
-        if self._since is None:
+        if self._first is None:
             return
-        log.warning("storage answering again after %.1f s (%d more calls failed since the last line)",
-                    self._clock() - self._since, self._failed)
-        self._since, self._failed, self._last_line = None, 0, None
+        now = self._clock()
+        if now - self._last < self.QUIET:
+            return
+        if self._announced:
+            log.warning("storage answering again: no call failed for %.1f s, after failures for %.1f s (%d more "
+                        "since the last line)", now - self._last, self._last - self._first, self._failed)
+            self._failed, self._announced = 0, False
+        self._first = None

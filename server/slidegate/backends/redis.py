@@ -41,6 +41,7 @@ from slidegate.backends.batching import Batcher
 from slidegate.backends.breaker import Breaker
 from slidegate.backends.redis_cluster import ClusterRouter
 from slidegate.backends.redis_connect import TlsOptions, Topology, check_url, make_client, redact
+from slidegate.logs import Repeated
 from slidegate.resources import lua_script
 
 __all__ = ["RedisBackend", "TlsOptions", "Topology", "check_url", "redact"]
@@ -110,6 +111,9 @@ class RedisBackend:
         # the timeout), then is confirmed: an undo arriving later gives nothing back
         self._hold_us = round((2 * timeout + 0.1) * 1_000_000)
         self._undoing: set[asyncio.Task[None]] = set()  # compensating calls that outlived their request
+        self._undo_failed = Repeated(log, self.describe().replace("%", "%%") + ": a compensating call failed, so "
+                                     "the hits of a rejected request stay counted on some limits until they leave "
+                                     "their windows (%s)")
 
     def describe(self) -> str:
         return self._topology.describe()
@@ -229,8 +233,7 @@ class RedisBackend:
         self._undoing.discard(task)
         failure = None if task.cancelled() else task.exception()
         if failure is not None:
-            log.warning("%s: a compensating call failed, so the hits of a rejected request stay counted on some "
-                        "limits until they leave their windows (%s)", self.describe(), _reason(failure))
+            self._undo_failed(_reason(failure))
 
     async def _undo(self, undo: list[tuple[Check, Receipt]], clock: str | int) -> None:
         """One compensating call per slot (lua/decide.lua's undo)."""
