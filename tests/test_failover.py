@@ -1,5 +1,5 @@
 """What a failover may lose: following Sentinel's announcement at once, READONLY and ROLE telling a demoted
-master.
+master, and REDIS_WAIT_REPLICAS's confirmation by replicas.
 
 Every server is a private redis-server (and Sentinel) started by the test, stopped by its PID.
 """
@@ -7,12 +7,16 @@ Every server is a private redis-server (and Sentinel) started by the test, stopp
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import grpc
 import pytest
 import redis
 import redis.asyncio
@@ -22,7 +26,11 @@ from slidegate.backends.redis import RedisBackend, Topology
 from slidegate.config import Config, load_directory
 from slidegate.keys import limit_key
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions
-from tests.redis_topologies import SentinelGroup
+from slidegate.settings import Settings, SettingsError
+from tests.helpers import OK, descriptor, request
+from tests.redis_servers import RedisServer
+from tests.redis_topologies import SentinelGroup, wait_for
+from tests.served import Served
 
 LIMIT = 1_000_000
 CONFIG = f"""
@@ -166,3 +174,86 @@ async def test_a_master_that_became_a_replica_unannounced_makes_the_backend_ask_
         assert hits(new, key) == 2
     finally:
         await backend.close()
+
+
+@pytest.fixture
+def replicated() -> Iterator[tuple[RedisServer, RedisServer]]:
+    """A master and its replica, in sync."""
+    master = RedisServer().start()
+    replica = RedisServer()
+    replica.extra_args = ("--replicaof", "127.0.0.1", str(master.port))
+    try:
+        replica.start()
+        with redis.Redis(port=replica.port) as r:
+            wait_for(lambda: r.info("replication")["master_link_status"] == "up", 10, "the replica to sync")
+        yield master, replica
+    finally:
+        if replica.process is not None:
+            os.kill(replica.process.pid, signal.SIGCONT)
+        replica.cleanup()
+        master.cleanup()
+
+
+def test_wait_for_a_replica_confirms_a_call_or_gives_it_the_failure_mode(
+        write_config: Callable[..., Path], serve: Callable[..., Served], key_prefix: str,
+        replicated: tuple[RedisServer, RedisServer]) -> None:
+    master, replica = replicated
+    served = serve(write_config(CONFIG), url=master.url, env={
+        "REDIS_WAIT_REPLICAS": "1", "REDIS_WAIT_TIMEOUT": "50ms", "REDIS_TIMEOUT": "250ms"})
+    stub = served.stub()
+    call = request("t", descriptor(("k", "x")))
+    key = limit_key(key_prefix, "sliding_window_log", "t", [("k", "x")])
+    assert stub.ShouldRateLimit(call).overall_code == OK
+    assert hits(replica.port, key) == 1  # answered once the replica had it: no wait needed here
+
+    assert replica.process is not None
+    os.kill(replica.process.pid, signal.SIGSTOP)  # a replica that does not answer
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ShouldRateLimit(call)
+    took = time.monotonic() - started
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # FAILURE_MODE=error
+    assert 0.05 <= took < 0.25 + 0.1, took  # WAIT's 50 ms, within REDIS_TIMEOUT
+    assert hits(master.port, key) == 2  # the script ran and counted; the call was not sent again
+
+    os.kill(replica.process.pid, signal.SIGCONT)
+    with redis.Redis(port=master.port) as r:
+        wait_for(lambda: r.execute_command("WAIT", 1, 100) == 1, 10, "the replica to catch up")
+    assert stub.ShouldRateLimit(call).overall_code == OK
+    replica.stop()  # gone: the master has no replica left
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ShouldRateLimit(call)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "reached 0 of 1 replicas within 50 ms (REDIS_WAIT_REPLICAS)" in served.output()
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"REDIS_WAIT_REPLICAS": "-1"}, "--redis-wait-replicas / REDIS_WAIT_REPLICAS (from the environment): -1 is "
+                                    "negative"),
+    ({"REDIS_WAIT_REPLICAS": "one"}, "REDIS_WAIT_REPLICAS (from the environment): 'one' is not a whole number"),
+    ({"REDIS_WAIT_TIMEOUT": "0"}, "REDIS_WAIT_TIMEOUT (from the environment): '0' must be at least 1 ms (Redis's "
+                                  "WAIT counts whole ms, and WAIT 0 waits for ever)"),
+    ({"REDIS_WAIT_TIMEOUT": "500us"}, "'500us' must be at least 1 ms"),
+    ({"REDIS_WAIT_TIMEOUT": "2m"}, "'2m' must be at most 60 s"),
+    ({"REDIS_WAIT_TIMEOUT": "soon"}, "invalid duration 'soon'"),
+    ({"REDIS_WAIT_REPLICAS": "1", "REDIS_WAIT_TIMEOUT": "250ms"},
+     "--redis-wait-timeout / REDIS_WAIT_TIMEOUT (0.25 s) must be shorter than --redis-timeout / REDIS_TIMEOUT "
+     "(0.25 s)"),
+    ({"REDIS_WAIT_REPLICAS": "1", "REDIS_TYPE": "cluster", "REDIS_URL": "a:1"},
+     "--redis-wait-replicas / REDIS_WAIT_REPLICAS is not offered with REDIS_TYPE=cluster (only single and "
+     "sentinel)"),
+])
+def test_wait_settings_errors_are_precise(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=re.escape(message)):
+        Settings.load(env)
+
+
+def test_wait_settings() -> None:
+    default = Settings.load({})
+    assert (default.redis_wait_replicas, default.redis_wait_timeout) == (0, 0.05)
+    assert Settings.load({"REDIS_WAIT_TIMEOUT": "1s"}).redis_wait_timeout == 1  # off: not checked against 250ms
+    given = Settings.load({"REDIS_WAIT_REPLICAS": "2", "REDIS_WAIT_TIMEOUT": "20ms", "REDIS_TYPE": "sentinel",
+                           "REDIS_URL": "mymaster,s1:26379"})
+    assert (given.redis_wait_replicas, given.redis_wait_timeout) == (2, 0.02)
+    with pytest.raises(ValueError, match="not offered on a Redis Cluster"):
+        RedisBackend(Topology("cluster", "127.0.0.1:7000"), wait_replicas=1)

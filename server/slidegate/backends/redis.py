@@ -18,6 +18,11 @@ script), which means the script did not run, and with Sentinel a READONLY reply 
 the script's first write failed, so nothing was written; it goes once more, to the master the Sentinels name):
 a call that may have executed is never sent twice, so no hit is counted twice. With Sentinel, the master in use
 follows the Sentinels' announcements (slidegate.backends.redis_sentinel).
+
+``wait_replicas`` (REDIS_WAIT_REPLICAS; one Redis with replicas, or Sentinel): each script call is followed,
+in the same write, by ``WAIT wait_replicas wait_timeout``; a call whose writes did not reach that many replicas
+in time raises BackendUnavailable (the failure mode answers it) instead of being answered as if a failover
+could not lose it. Its hits stay counted on the master: the call is not sent again.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import dataclasses
 import hashlib
 import itertools
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,13 +91,24 @@ class RedisBackend:
     script call, all sent at once; the request is admitted when every group admits it, and when one rejects
     (or fails) the groups that admitted are undone (see the module docstring). Keys built with
     REDIS_HASH_TAG=domain put a whole domain in one slot, so a request is one call.
+
+    ``wait_replicas``, ``wait_timeout`` (seconds, whole ms, shorter than ``timeout``): see the module
+    docstring; not offered on a cluster (ValueError).
     """
 
     def __init__(self, target: str | Topology, *, timeout: float = 0.25, pool_size: int = 64,
-                 breaker: Breaker | None = None) -> None:
+                 breaker: Breaker | None = None, wait_replicas: int = 0, wait_timeout: float = 0.05) -> None:
         self._topology = target if isinstance(target, Topology) else Topology("single", target)
         self._timeout = timeout
         self._breaker = breaker
+        if wait_replicas and self._topology.type == "cluster":
+            raise ValueError("waiting for replicas (REDIS_WAIT_REPLICAS) is not offered on a Redis Cluster")
+        if wait_replicas and not 0.001 <= wait_timeout < timeout:
+            raise ValueError(f"the wait for replicas ({wait_timeout:g} s) must be at least 1 ms and shorter than "
+                             f"the timeout ({timeout:g} s)")
+        self._wait_replicas = wait_replicas
+        self._wait_ms = math.ceil(wait_timeout * 1000)
+        self._wait = _pack(("WAIT", wait_replicas, self._wait_ms)) if wait_replicas else b""
         # one connection more than calls may take: the health ping never waits behind the load
         self._client = make_client(self._topology, timeout=timeout, pool_size=pool_size + 1)
         # redis-py's pools fail when full: waiting here keeps every node within pool_size connections
@@ -339,8 +356,8 @@ class RedisBackend:
 
     async def _direct(self, command: tuple[str | int, ...], *, script: bool) -> tuple[Any, AbstractConnection]:
         """``command``'s reply on a connection of our own to the one Redis, or to Sentinel's master, and that
-        connection (released: it tells which node answered). ``script``: a script call, counted for the breaker.
-        Raises an error reply as its ResponseError."""
+        connection (released: it tells which node answered). ``script``: a script call, followed by WAIT when
+        wait_replicas is set, and counted for the breaker. Raises an error reply as its ResponseError."""
         # Batches are at most two at a time (each runs to its end, whoever waits for it), so two connections do;
         # talking to them directly skips the pool, retry and observability layers of execute_command, a third
         # of a call's cost.
@@ -361,14 +378,22 @@ class RedisBackend:
                 if script:
                     self._failed(_reason(exc))  # no connection to be had: evidence that Redis is failing
                 raise
+        waits = script and bool(self._wait_replicas)
         error: ResponseError | None = None
+        acked = 0
         try:
             # bounded by the batch's timeout (the Batcher cuts a batch off by cancelling it)
-            await connection.send_packed_command(_pack(command), check_health=False)
+            await connection.send_packed_command(_pack(command) + self._wait if waits else _pack(command),
+                                                 check_health=False)
             try:
                 reply = await connection.read_response()
             except ResponseError as exc:  # an error reply (NOSCRIPT, READONLY): the connection is in step
                 error = exc
+            if waits:
+                try:
+                    acked = await connection.read_response()
+                except ResponseError as exc:  # WAIT refused (a replica, or an ACL without it)
+                    error = error or exc
         except BaseException:
             # cut off or broken mid-call (a killed connection fails its calls, but says nothing of Redis): a late
             # reply must never be read as the next call's
@@ -381,6 +406,10 @@ class RedisBackend:
             if isinstance(error, ReadOnlyError) and self._master is not None:
                 self._master.demoted(connection)
             raise error
+        if waits and acked < self._wait_replicas:
+            # the script ran and counted: not sent again, but not answered as if a failover could not lose it
+            raise BackendUnavailable(f"{self.describe()}: the hits reached {acked} of {self._wait_replicas} "
+                                     f"replicas within {self._wait_ms} ms (REDIS_WAIT_REPLICAS)")
         return reply, connection
 
     async def _connect(self) -> AbstractConnection:

@@ -18,7 +18,7 @@ finding the master and its pub/sub for the announcements:
 Not covered: hits that the old master admitted between its replica's promotion and the announcement are not
 on the new master (replication is asynchronous; 0.5 to 1 s after ``SENTINEL FAILOVER`` here). Nor a node
 that is cut off from the Sentinels and goes on as master without a word: Sentinel's own
-``min-replicas-to-write`` advice applies.
+``min-replicas-to-write`` advice applies. REDIS_WAIT_REPLICAS (RedisBackend) closes both windows, at a cost.
 A Sentinel names the master as it last knew it: one that comes back from a partition may name the old one
 for a moment, and is then corrected by that node's own answer (READONLY or ROLE) once it is a replica.
 """
