@@ -343,6 +343,10 @@ async def test_sentinel_failover_during_traffic(write_config: Callable[..., Path
         assert followed < 8
         assert {k for _, _, k in answers} <= {"ok", "UNAVAILABLE"}
         assert max(seconds for _, seconds, _ in answers) < 1.0
+        deadline = time.monotonic() + 5  # the Sentinel names the promoted replica before it announces the switch
+        while "(+switch-master from sentinel 127.0.0.1:" not in served.output():  # heard through TLS and AUTH
+            assert time.monotonic() < deadline, "slidegate did not hear +switch-master"
+            await asyncio.sleep(0.05)
         stub = served.stub()
         codes = [stub.ShouldRateLimit(request("t", descriptor(("tenant", "after")))).overall_code for _ in range(35)]
         assert codes == [OK] * 30 + [OVER_LIMIT] * 5

@@ -59,7 +59,8 @@ def make_backend(settings: Settings) -> Backend:
     # the breaker: a dead Redis costs microseconds per call, not a timeout each; the cache: a request that can
     # only be rejected costs no round trip
     return OverLimitCache(RedisBackend(topology, timeout=settings.redis_timeout, pool_size=settings.redis_pool_size,
-                                       breaker=Breaker()))
+                                       breaker=Breaker(), wait_replicas=settings.redis_wait_replicas,
+                                       wait_timeout=settings.redis_wait_timeout))
 
 
 def _auth(text: str) -> tuple[str | None, str] | None:

@@ -81,6 +81,15 @@ def _timeout(text: str) -> float:
     return seconds
 
 
+def _wait_timeout(text: str) -> float:
+    seconds = parse_duration(text)
+    if seconds < 0.001:
+        raise ValueError(f"{text!r} must be at least 1 ms (Redis's WAIT counts whole ms, and WAIT 0 waits for ever)")
+    if seconds > 60:
+        raise ValueError(f"{text!r} must be at most 60 s")
+    return seconds
+
+
 def _drain(text: str) -> float:
     seconds = parse_duration(text)
     if seconds > 3600:
@@ -180,6 +189,12 @@ SPECS: tuple[Spec, ...] = (
     Spec("redis_timeout", "REDIS_TIMEOUT", "--redis-timeout", "250ms", _timeout,
          "time allowed for one decision (250ms, 0.25s, 1m …; a bare number is seconds), 1 ms to 60 s; the "
          "caller's deadline caps it"),
+    Spec("redis_wait_replicas", "REDIS_WAIT_REPLICAS", "--redis-wait-replicas", "0", _whole,
+         "single (with replicas) and sentinel: after each script call, Redis WAIT for its writes to reach this "
+         "many replicas; a call they did not reach in time gets the failure mode; 0: off"),
+    Spec("redis_wait_timeout", "REDIS_WAIT_TIMEOUT", "--redis-wait-timeout", "50ms", _wait_timeout,
+         "how long REDIS_WAIT_REPLICAS waits (rounded up to whole ms), at least 1 ms and shorter than "
+         "REDIS_TIMEOUT"),
     Spec("grpc_host", "GRPC_HOST", "--host", "0.0.0.0", str, "address for gRPC"),
     Spec("grpc_port", "GRPC_PORT", "--grpc-port", "8081", _port, "gRPC port (0: any free port)"),
     Spec("grpc_max_recv_msg_size", "GRPC_MAX_RECV_MSG_SIZE", "--grpc-max-recv-msg-size", "1048576", _message_size,
@@ -255,6 +270,8 @@ class Settings:
     local_limit_replicas: int
     redis_pool_size: int
     redis_timeout: float
+    redis_wait_replicas: int
+    redis_wait_timeout: float
     grpc_host: str
     grpc_port: int
     grpc_max_recv_msg_size: int
@@ -325,6 +342,15 @@ class Settings:
         if self.grpc_client_tls_cacert and not self.grpc_server_use_tls:
             raise SettingsError("--grpc-client-tls-cacert / GRPC_CLIENT_TLS_CACERT (mutual TLS) needs "
                                 "--grpc-server-use-tls / GRPC_SERVER_USE_TLS=true")
+        if self.redis_wait_replicas and self.backend_type == "redis":
+            if self.redis_type == "cluster":
+                raise SettingsError("invalid settings:\n  --redis-wait-replicas / REDIS_WAIT_REPLICAS is not offered "
+                                    "with REDIS_TYPE=cluster (only single and sentinel)")
+            if self.redis_wait_timeout >= self.redis_timeout:
+                raise SettingsError(
+                    f"invalid settings:\n  --redis-wait-timeout / REDIS_WAIT_TIMEOUT ({self.redis_wait_timeout:g} s) "
+                    f"must be shorter than --redis-timeout / REDIS_TIMEOUT ({self.redis_timeout:g} s): the replicas' "
+                    "answer has to arrive within the decision's time")
         if bool(self.redis_tls_client_cert) != bool(self.redis_tls_client_key):
             raise SettingsError("REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together")
         if self.workers > MAX_WORKERS:

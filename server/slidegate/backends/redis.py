@@ -14,8 +14,15 @@ they are applied only once every slot has admitted it.
 Connection errors and timeouts become BackendUnavailable within ``timeout`` seconds (a few ms more at most:
 deadlines share one timer, slidegate.backends.deadlines). Nothing is retried
 except a NOSCRIPT reply (after SCRIPT FLUSH, a Redis restart or a failover to a node that never saw the
-script), which means the script did not run: a call that may have executed is never sent twice, so no hit is
-counted twice.
+script), which means the script did not run, and with Sentinel a READONLY reply (the node is a replica now:
+the script's first write failed, so nothing was written; it goes once more, to the master the Sentinels name):
+a call that may have executed is never sent twice, so no hit is counted twice. With Sentinel, the master in use
+follows the Sentinels' announcements (slidegate.backends.redis_sentinel).
+
+``wait_replicas`` (REDIS_WAIT_REPLICAS; one Redis with replicas, or Sentinel): each script call is followed,
+in the same write, by ``WAIT wait_replicas wait_timeout``; a call whose writes did not reach that many replicas
+in time raises BackendUnavailable (the failure mode answers it) instead of being answered as if a failover
+could not lose it. Its hits stay counted on the master: the call is not sent again.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import dataclasses
 import hashlib
 import itertools
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +41,15 @@ from typing import Any
 import hiredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import AuthenticationError, NoScriptError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    NoPermissionError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 
 from slidegate.algorithms import Algorithm
 from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded, Decision, Outcome
@@ -41,6 +57,7 @@ from slidegate.backends.batching import Batcher
 from slidegate.backends.breaker import Breaker
 from slidegate.backends.redis_cluster import ClusterRouter
 from slidegate.backends.redis_connect import TlsOptions, Topology, check_url, make_client, redact
+from slidegate.backends.redis_sentinel import SentinelMaster
 from slidegate.logs import Repeated
 from slidegate.resources import lua_script
 
@@ -74,13 +91,24 @@ class RedisBackend:
     script call, all sent at once; the request is admitted when every group admits it, and when one rejects
     (or fails) the groups that admitted are undone (see the module docstring). Keys built with
     REDIS_HASH_TAG=domain put a whole domain in one slot, so a request is one call.
+
+    ``wait_replicas``, ``wait_timeout`` (seconds, whole ms, shorter than ``timeout``): see the module
+    docstring; not offered on a cluster (ValueError).
     """
 
     def __init__(self, target: str | Topology, *, timeout: float = 0.25, pool_size: int = 64,
-                 breaker: Breaker | None = None) -> None:
+                 breaker: Breaker | None = None, wait_replicas: int = 0, wait_timeout: float = 0.05) -> None:
         self._topology = target if isinstance(target, Topology) else Topology("single", target)
         self._timeout = timeout
         self._breaker = breaker
+        if wait_replicas and self._topology.type == "cluster":
+            raise ValueError("waiting for replicas (REDIS_WAIT_REPLICAS) is not offered on a Redis Cluster")
+        if wait_replicas and not 0.001 <= wait_timeout < timeout:
+            raise ValueError(f"the wait for replicas ({wait_timeout:g} s) must be at least 1 ms and shorter than "
+                             f"the timeout ({timeout:g} s)")
+        self._wait_replicas = wait_replicas
+        self._wait_ms = math.ceil(wait_timeout * 1000)
+        self._wait = _pack(("WAIT", wait_replicas, self._wait_ms)) if wait_replicas else b""
         # one connection more than calls may take: the health ping never waits behind the load
         self._client = make_client(self._topology, timeout=timeout, pool_size=pool_size + 1)
         # redis-py's pools fail when full: waiting here keeps every node within pool_size connections
@@ -91,12 +119,17 @@ class RedisBackend:
         self._pool = None
         if self._topology.type == "single" and not isinstance(self._client, RedisCluster):
             self._pool = self._client.connection_pool
+        # Sentinel: connections of our own too, to the master it names, followed as it moves
+        self._master: SentinelMaster | None = None
+        if self._topology.type == "sentinel" and not isinstance(self._client, RedisCluster):
+            self._master = SentinelMaster(self._client)
+        self._role_refused = False  # an ACL without ROLE: the Sentinel master's health ping is a PING
         self._idle: list[AbstractConnection] = []
         self._idle_loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         # a cluster's requests span slots: only one Redis (or Sentinel's master) takes batches of requests
         # (a batch's own bound: it outlives the callers that gave up on it, and a Redis that stopped answering
-        # would otherwise hold its place in flight for good; cut off, its connection is closed in _execute)
+        # would otherwise hold its place in flight for good; cut off, its connection is closed in _direct)
         self._batcher: Batcher[tuple[Sequence[Check], str | int], Decision] = Batcher(
             self._decide_many, batch_timeout=timeout,
             on_cut_off=lambda: self._failed(f"no answer within {timeout * 1000:.0f} ms"))
@@ -294,26 +327,37 @@ class RedisBackend:
         asking = next(self._asking)
         self._asked[asking] = time.monotonic()
         try:
-            return await self._round_trip(keys, command)
+            try:
+                return await self._round_trip(keys, command)
+            except ReadOnlyError:
+                if self._master is None:
+                    raise
+                # a replica, so nothing was written (see the module docstring): once more, to the master the
+                # Sentinels name now (a second READONLY fails the call)
+                return await self._round_trip(keys, command)
         finally:
             del self._asked[asking]
 
     async def _round_trip(self, keys: list[str], command: tuple[str | int, ...]) -> list[int]:
-        if self._router is not None or self._pool is None:
+        if self._router is not None:
             try:
-                if self._router is not None:
-                    reply: list[int] = await self._router.execute(keys[0], *command)
-                else:
-                    reply = await self._client.execute_command(*command)
+                reply: list[int] = await self._router.execute(keys[0], *command)
             except ResponseError:
                 self._answered()  # an error reply: Redis is there
                 raise
             except (RedisError, RedisClusterException, OSError) as exc:
-                # redis-py's Sentinel and Cluster clients do not say whether the connection was new: counted
+                # redis-py's Cluster client does not say whether the connection was new: counted
                 self._failed(_reason(exc))
                 raise
             self._answered()
             return reply
+        reply, _ = await self._direct(command, script=True)
+        return reply
+
+    async def _direct(self, command: tuple[str | int, ...], *, script: bool) -> tuple[Any, AbstractConnection]:
+        """``command``'s reply on a connection of our own to the one Redis, or to Sentinel's master, and that
+        connection (released: it tells which node answered). ``script``: a script call, followed by WAIT when
+        wait_replicas is set, and counted for the breaker. Raises an error reply as its ResponseError."""
         # Batches are at most two at a time (each runs to its end, whoever waits for it), so two connections do;
         # talking to them directly skips the pool, retry and observability layers of execute_command, a third
         # of a call's cost.
@@ -321,34 +365,69 @@ class RedisBackend:
         if self._idle and self._idle_loop is not loop:
             self._idle = []  # made on an event loop that is gone (asyncio.run after another): unusable here
         connection = self._idle.pop() if self._idle else None
-        while connection is not None and _closed_by_redis(connection):
-            await connection.disconnect(nowait=True)  # after a Redis restart or CLIENT KILL: it would fail a batch
+        # after a Redis restart or CLIENT KILL it would fail a batch; to a master Sentinel no longer names, it
+        # would write where the hits are lost
+        while connection is not None and (_closed_by_redis(connection) or not self._current(connection)):
+            await connection.disconnect(nowait=True)
             connection = self._idle.pop() if self._idle else None
         if connection is None:
-            connection = self._pool.make_connection()
             try:
-                await connection.connect()
-            except BaseException as exc:
-                await connection.disconnect(nowait=True)
-                if isinstance(exc, (RedisError, OSError)):
+                # Sentinel's: connected to the master in use, which it still is (nothing awaited until the send)
+                connection = await self._connect()
+            except (RedisError, OSError) as exc:
+                if script:
                     self._failed(_reason(exc))  # no connection to be had: evidence that Redis is failing
                 raise
+        waits = script and bool(self._wait_replicas)
+        error: ResponseError | None = None
+        acked = 0
         try:
             # bounded by the batch's timeout (the Batcher cuts a batch off by cancelling it)
-            await connection.send_packed_command(_pack(command), check_health=False)
-            reply = await connection.read_response()
-        except ResponseError:
-            await self._release(connection, loop)  # an error reply (NOSCRIPT): the connection is in step
-            self._answered()
-            raise
+            await connection.send_packed_command(_pack(command) + self._wait if waits else _pack(command),
+                                                 check_health=False)
+            try:
+                reply = await connection.read_response()
+            except ResponseError as exc:  # an error reply (NOSCRIPT, READONLY): the connection is in step
+                error = exc
+            if waits:
+                try:
+                    acked = await connection.read_response()
+                except ResponseError as exc:  # WAIT refused (a replica, or an ACL without it)
+                    error = error or exc
         except BaseException:
             # cut off or broken mid-call (a killed connection fails its calls, but says nothing of Redis): a late
             # reply must never be read as the next call's
             await connection.disconnect(nowait=True)
             raise
-        self._answered()
+        if script:
+            self._answered()  # an error reply too: Redis is there
         await self._release(connection, loop)
-        return reply
+        if error is not None:
+            if isinstance(error, ReadOnlyError) and self._master is not None:
+                self._master.demoted(connection)
+            raise error
+        if waits and acked < self._wait_replicas:
+            # the script ran and counted: not sent again, but not answered as if a failover could not lose it
+            raise BackendUnavailable(f"{self.describe()}: the hits reached {acked} of {self._wait_replicas} "
+                                     f"replicas within {self._wait_ms} ms (REDIS_WAIT_REPLICAS)")
+        return reply, connection
+
+    async def _connect(self) -> AbstractConnection:
+        """A new connection, connected: to the one Redis, or to the master Sentinel names."""
+        if self._master is not None:
+            return await self._master.connection()
+        if self._pool is None:
+            raise RuntimeError("a cluster's connections are redis-py's")
+        connection: AbstractConnection = self._pool.make_connection()
+        try:
+            await connection.connect()
+        except BaseException:
+            await connection.disconnect(nowait=True)
+            raise
+        return connection
+
+    def _current(self, connection: AbstractConnection) -> bool:
+        return self._master is None or self._master.current(connection)
 
     def _answered(self) -> None:
         self._last_answer = time.monotonic()
@@ -360,21 +439,24 @@ class RedisBackend:
             self._breaker.failed(reason)
 
     async def _release(self, connection: AbstractConnection, loop: asyncio.AbstractEventLoop) -> None:
-        if self._closed:
+        if self._closed or not self._current(connection):
             await connection.disconnect()
         else:
             self._idle.append(connection)
             self._idle_loop = loop
 
     async def ping(self) -> None:
-        """Raise BackendUnavailable unless Redis (on a cluster: every master) answers PING in time. A ping that
-        fails is tried once more, on a new connection: a killed idle connection is no sign of Redis failing,
-        and a second failure counts for the breaker. Takes no place of the calls': load cannot starve it."""
+        """Raise BackendUnavailable unless Redis (on a cluster: every master) answers PING in time (Sentinel's
+        master: ROLE, as a master, _check_master). A ping that fails is tried once more, on another connection:
+        a killed idle connection is no sign of Redis failing, and a second failure counts for the breaker.
+        Takes no place of the calls': load cannot starve it."""
         for attempt in range(2):
             try:
                 async with asyncio.timeout(self._timeout):
                     if self._router is not None:
                         await self._router.ping()
+                    elif self._master is not None:
+                        await self._check_master()
                     else:
                         await self._client.ping()
                 return
@@ -383,6 +465,27 @@ class RedisBackend:
                     reason = _reason(exc)
                     self._failed(f"ping: {reason}")
                     raise BackendUnavailable(f"{self.describe()}: {reason}") from exc
+
+    async def _check_master(self) -> None:
+        """Sentinel's master answers ROLE as a master (one that says it is a replica is forgotten, and the one
+        the Sentinels name then is asked), on the connections the calls use. PING where an ACL refuses ROLE."""
+        if self._role_refused:
+            await self._direct(("PING",), script=False)
+            return
+        for _ in range(2):
+            try:
+                role, connection = await self._direct(("ROLE",), script=False)
+            except NoPermissionError:
+                log.warning("%s: ROLE is not allowed for this Redis user; the health ping cannot tell a demoted "
+                            "master (READONLY replies still do)", self.describe())
+                self._role_refused = True
+                await self._direct(("PING",), script=False)
+                return
+            if role[0] in (b"master", "master"):
+                return
+            if self._master is not None:
+                self._master.demoted(connection)  # the next connection asks the Sentinels
+        raise ReadOnlyError("the node the Sentinels name says it is a replica")
 
     async def close(self) -> None:
         self._closed = True  # a call still running closes its connection itself
@@ -393,6 +496,8 @@ class RedisBackend:
         for connection in self._idle:
             await connection.disconnect()
         self._idle.clear()
+        if self._master is not None:
+            await self._master.close()
         await self._client.aclose()
 
 

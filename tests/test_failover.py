@@ -1,0 +1,259 @@
+"""What a failover may lose: following Sentinel's announcement at once, READONLY and ROLE telling a demoted
+master, and REDIS_WAIT_REPLICAS's confirmation by replicas.
+
+Every server is a private redis-server (and Sentinel) started by the test, stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import grpc
+import pytest
+import redis
+import redis.asyncio
+
+from slidegate.backends.base import BackendUnavailable
+from slidegate.backends.redis import RedisBackend, Topology
+from slidegate.config import Config, load_directory
+from slidegate.keys import limit_key
+from slidegate.limiter import Descriptor, Limiter, LimiterOptions
+from slidegate.settings import Settings, SettingsError
+from tests.helpers import OK, descriptor, request
+from tests.redis_servers import RedisServer
+from tests.redis_topologies import SentinelGroup, wait_for
+from tests.served import Served
+
+LIMIT = 1_000_000
+CONFIG = f"""
+domain: t
+descriptors:
+  - key: k
+    rate_limit:
+      unit: hour
+      requests_per_unit: {LIMIT}
+"""
+# calls that reached the old master before slidegate read the announcement (Redis executes a call within a
+# millisecond of its sending; the test's own subscriber and slidegate's read the same message)
+IN_FLIGHT_US = 50_000
+
+
+@pytest.fixture
+def config(write_config: Callable[..., Path]) -> Config:
+    return load_directory(write_config(CONFIG))
+
+
+@pytest.fixture
+def group() -> Iterator[SentinelGroup]:
+    g = SentinelGroup()
+    yield g
+    g.cleanup()
+
+
+def sentinel_limiter(config: Config, group: SentinelGroup) -> tuple[Limiter, RedisBackend, str]:
+    """A limiter on ``group``'s master, and the storage key of its limit k=x."""
+    backend = RedisBackend(Topology("sentinel", group.url), timeout=0.5)
+    prefix = f"test-{uuid.uuid4().hex[:8]}:"
+    limiter = Limiter(lambda: config, backend, LimiterOptions(key_prefix=prefix))
+    return limiter, backend, limit_key(prefix, "sliding_window_log", "t", [("k", "x")])
+
+
+def hits(port: int, key: str, after_us: int = 0) -> int:
+    """Hits of the sliding-window log ``key`` on the Redis at ``port`` recorded after ``after_us`` (Redis
+    TIME, microseconds: hits are scored by it; the bookkeeping members have negative scores)."""
+    with redis.Redis(port=port, socket_timeout=2) as r:
+        return int(r.zcount(key, f"({after_us}", "+inf"))
+
+
+def role(port: int) -> str:
+    with redis.Redis(port=port, socket_timeout=2) as r:
+        return str(r.execute_command("ROLE")[0].decode())
+
+
+@asynccontextmanager
+async def switch_announcements(group: SentinelGroup) -> AsyncIterator[list[float]]:
+    """The wall-clock times (as Redis TIME counts) at which the Sentinel's ``+switch-master`` messages arrived."""
+    times: list[float] = []
+    sentinel = redis.asyncio.Redis(port=group.port)
+    pubsub = sentinel.pubsub()
+    await pubsub.subscribe("+switch-master")
+
+    async def listen() -> None:
+        async for message in pubsub.listen():
+            if message["type"] == "message":
+                times.append(time.time())
+
+    task = asyncio.create_task(listen())
+    try:
+        yield times
+    finally:
+        task.cancel()
+        await pubsub.aclose()
+        await sentinel.aclose()
+
+
+async def test_no_admitted_hit_goes_to_the_old_master_after_the_switch_is_announced(
+        config: Config, group: SentinelGroup) -> None:
+    limiter, backend, key = sentinel_limiter(config, group)
+    answers: list[tuple[float, str]] = []  # (wall-clock start, ok | error)
+    stop = asyncio.Event()
+
+    async def worker() -> None:
+        while not stop.is_set():
+            start = time.time()
+            try:
+                statuses = await limiter.should_rate_limit("t", [Descriptor((("k", "x"),))])
+                answers.append((start, "over" if any(s.over for s in statuses) else "ok"))
+            except BackendUnavailable:
+                answers.append((start, "error"))
+            await asyncio.sleep(0.01)
+
+    old, new = group.master.port, group.replica.port
+    async with switch_announcements(group) as announced:
+        workers = [asyncio.create_task(worker()) for _ in range(4)]
+        try:
+            while len(answers) < 50:
+                await asyncio.sleep(0.02)
+            await asyncio.to_thread(group.failover)
+            deadline = time.monotonic() + 10
+            while not announced:
+                assert time.monotonic() < deadline, "no +switch-master"
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(1.5)  # traffic goes on while the old master still takes writes
+        finally:
+            stop.set()
+            await asyncio.gather(*workers)
+    # Sentinel makes the old master a replica ~10 s after the failover, and its resync would replace what it
+    # holds: read it before
+    assert role(old) == "master"
+    switch_us = int(announced[0] * 1_000_000)
+    assert hits(old, key, switch_us + IN_FLIGHT_US) == 0  # hundreds before the change, for ~10 s
+    admitted_after = sum(1 for start, kind in answers if kind == "ok" and start * 1e6 > switch_us + IN_FLIGHT_US)
+    assert admitted_after > 50  # the traffic ran, and the new master was used
+    assert hits(new, key, switch_us) >= admitted_after  # each of them is on the new master
+    assert {kind for _, kind in answers} <= {"ok", "error"}
+    assert backend._master is not None and backend._master.address == ("127.0.0.1", new)
+    await backend.close()
+
+
+@pytest.mark.parametrize("told_by", ["READONLY", "ROLE"])
+async def test_a_master_that_became_a_replica_unannounced_makes_the_backend_ask_the_sentinels(
+        config: Config, group: SentinelGroup, told_by: str) -> None:
+    limiter, backend, key = sentinel_limiter(config, group)
+    old, new = group.master.port, group.replica.port
+    try:
+        [s] = await limiter.should_rate_limit("t", [Descriptor((("k", "x"),))])
+        assert not s.over
+        assert backend._master is not None
+        # the announcement is not heard (a subscription that was down at the time): what else tells it
+        await backend._master.stop_following()
+        async with switch_announcements(group) as announced:
+            await asyncio.to_thread(group.failover)
+            deadline = time.monotonic() + 10
+            while not announced:  # the switch is done: the Sentinel names the new master to every asker
+                assert time.monotonic() < deadline, "no +switch-master"
+                await asyncio.sleep(0.01)
+        with redis.Redis(port=old) as r:
+            r.replicaof("127.0.0.1", new)  # as Sentinel does ~10 s later
+        if told_by == "ROLE":
+            await backend.ping()  # the health ping, every second in the server
+            assert backend._master.address == ("127.0.0.1", new)
+        [s] = await limiter.should_rate_limit("t", [Descriptor((("k", "x"),))])
+        assert not s.over  # the call was sent again to the new master: READONLY means nothing was written
+        assert backend._master.address == ("127.0.0.1", new)
+        [s] = await limiter.should_rate_limit("t", [Descriptor((("k", "x"), ), hits_addend=0)])
+        assert s.remaining == LIMIT - 2  # the first call (replicated) and the second, once
+        assert hits(new, key) == 2
+    finally:
+        await backend.close()
+
+
+@pytest.fixture
+def replicated() -> Iterator[tuple[RedisServer, RedisServer]]:
+    """A master and its replica, in sync."""
+    master = RedisServer().start()
+    replica = RedisServer()
+    replica.extra_args = ("--replicaof", "127.0.0.1", str(master.port))
+    try:
+        replica.start()
+        with redis.Redis(port=replica.port) as r:
+            wait_for(lambda: r.info("replication")["master_link_status"] == "up", 10, "the replica to sync")
+        yield master, replica
+    finally:
+        if replica.process is not None:
+            os.kill(replica.process.pid, signal.SIGCONT)
+        replica.cleanup()
+        master.cleanup()
+
+
+def test_wait_for_a_replica_confirms_a_call_or_gives_it_the_failure_mode(
+        write_config: Callable[..., Path], serve: Callable[..., Served], key_prefix: str,
+        replicated: tuple[RedisServer, RedisServer]) -> None:
+    master, replica = replicated
+    served = serve(write_config(CONFIG), url=master.url, env={
+        "REDIS_WAIT_REPLICAS": "1", "REDIS_WAIT_TIMEOUT": "50ms", "REDIS_TIMEOUT": "250ms"})
+    stub = served.stub()
+    call = request("t", descriptor(("k", "x")))
+    key = limit_key(key_prefix, "sliding_window_log", "t", [("k", "x")])
+    assert stub.ShouldRateLimit(call).overall_code == OK
+    assert hits(replica.port, key) == 1  # answered once the replica had it: no wait needed here
+
+    assert replica.process is not None
+    os.kill(replica.process.pid, signal.SIGSTOP)  # a replica that does not answer
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ShouldRateLimit(call)
+    took = time.monotonic() - started
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # FAILURE_MODE=error
+    assert 0.05 <= took < 0.25 + 0.1, took  # WAIT's 50 ms, within REDIS_TIMEOUT
+    assert hits(master.port, key) == 2  # the script ran and counted; the call was not sent again
+
+    os.kill(replica.process.pid, signal.SIGCONT)
+    with redis.Redis(port=master.port) as r:
+        wait_for(lambda: r.execute_command("WAIT", 1, 100) == 1, 10, "the replica to catch up")
+    assert stub.ShouldRateLimit(call).overall_code == OK
+    replica.stop()  # gone: the master has no replica left
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ShouldRateLimit(call)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "reached 0 of 1 replicas within 50 ms (REDIS_WAIT_REPLICAS)" in served.output()
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"REDIS_WAIT_REPLICAS": "-1"}, "--redis-wait-replicas / REDIS_WAIT_REPLICAS (from the environment): -1 is "
+                                    "negative"),
+    ({"REDIS_WAIT_REPLICAS": "one"}, "REDIS_WAIT_REPLICAS (from the environment): 'one' is not a whole number"),
+    ({"REDIS_WAIT_TIMEOUT": "0"}, "REDIS_WAIT_TIMEOUT (from the environment): '0' must be at least 1 ms (Redis's "
+                                  "WAIT counts whole ms, and WAIT 0 waits for ever)"),
+    ({"REDIS_WAIT_TIMEOUT": "500us"}, "'500us' must be at least 1 ms"),
+    ({"REDIS_WAIT_TIMEOUT": "2m"}, "'2m' must be at most 60 s"),
+    ({"REDIS_WAIT_TIMEOUT": "soon"}, "invalid duration 'soon'"),
+    ({"REDIS_WAIT_REPLICAS": "1", "REDIS_WAIT_TIMEOUT": "250ms"},
+     "--redis-wait-timeout / REDIS_WAIT_TIMEOUT (0.25 s) must be shorter than --redis-timeout / REDIS_TIMEOUT "
+     "(0.25 s)"),
+    ({"REDIS_WAIT_REPLICAS": "1", "REDIS_TYPE": "cluster", "REDIS_URL": "a:1"},
+     "--redis-wait-replicas / REDIS_WAIT_REPLICAS is not offered with REDIS_TYPE=cluster (only single and "
+     "sentinel)"),
+])
+def test_wait_settings_errors_are_precise(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=re.escape(message)):
+        Settings.load(env)
+
+
+def test_wait_settings() -> None:
+    default = Settings.load({})
+    assert (default.redis_wait_replicas, default.redis_wait_timeout) == (0, 0.05)
+    assert Settings.load({"REDIS_WAIT_TIMEOUT": "1s"}).redis_wait_timeout == 1  # off: not checked against 250ms
+    given = Settings.load({"REDIS_WAIT_REPLICAS": "2", "REDIS_WAIT_TIMEOUT": "20ms", "REDIS_TYPE": "sentinel",
+                           "REDIS_URL": "mymaster,s1:26379"})
+    assert (given.redis_wait_replicas, given.redis_wait_timeout) == (2, 0.02)
+    with pytest.raises(ValueError, match="not offered on a Redis Cluster"):
+        RedisBackend(Topology("cluster", "127.0.0.1:7000"), wait_replicas=1)
