@@ -16,7 +16,7 @@ import pytest
 from redis.crc import key_slot
 
 from slidegate.algorithms import Algorithm
-from slidegate.backends.base import Check
+from slidegate.backends.base import BackendUnavailable, Check
 from slidegate.backends.redis import RedisBackend, Topology
 from slidegate.config import load_directory
 from slidegate.keys import limit_key
@@ -47,7 +47,7 @@ def start(cluster: Cluster, write_config: Callable[..., Path]) -> Start:
     the test closes."""
 
     def make(org: int, user: int, algorithm: Algorithm, stop_when_over: bool = False, *,
-             domain_slot: bool = False) -> tuple[Limiter, RedisBackend]:
+             domain_slot: bool = False, failure_mode: str = "error") -> tuple[Limiter, RedisBackend]:
         config = load_directory(write_config(f"""
             domain: o
             descriptors:
@@ -58,7 +58,7 @@ def start(cluster: Cluster, write_config: Callable[..., Path]) -> Start:
         """))  # the directory's one file: a second limiter of a test replaces it
         backend = RedisBackend(Topology("cluster", cluster.url), timeout=2.0)
         options = LimiterOptions(key_prefix=f"t-{uuid.uuid4().hex[:8]}:", stop_when_over=stop_when_over,
-                                 domain_slot=domain_slot)
+                                 domain_slot=domain_slot, failure_mode=failure_mode)
         return Limiter(lambda: config, backend, options), backend
 
     return make
@@ -195,6 +195,57 @@ async def test_a_failed_compensating_call_leaves_the_request_rejected_and_its_hi
         assert (org.over, user.over, org.degraded) == (True, False, None)  # rejected, not the failure mode
         assert "a compensating call failed" in caplog.text
         assert await remaining(limiter, "user", "u1") == 4  # conservative: the hit stays counted
+    finally:
+        node.close()
+        await backend.close()
+
+
+async def test_a_slot_that_rejects_decides_even_when_another_fails(start: Start, cluster: Cluster) -> None:
+    # the user's limit (a live slot) says over while the org's node fails: the request is rejected, not handed
+    # to the failure mode (allow would have let every user of the org past their own limit)
+    limiter, backend = start(100, 1, LOG, failure_mode="allow")
+    spread(limiter, LOG, 1)
+    org_key = limit_key(limiter._options.key_prefix, LOG.value, "o", [("org", "acme")])
+    node = cluster.client(cluster.master_of(org_key))
+    try:
+        assert admitted(await limiter.should_rate_limit("o", both("acme", "u0")))
+        node.execute_command("ACL", "SETUSER", "default", "-@scripting")  # the org's node fails every script
+        try:
+            [org, user] = await limiter.should_rate_limit("o", both("acme", "u0"))
+        finally:
+            node.execute_command("ACL", "SETUSER", "default", "+@all")
+        assert (user.over, user.degraded, org.degraded) == (True, None, None)
+        # and a request no live slot rejects still gets the failure mode when a slot fails
+        node.execute_command("ACL", "SETUSER", "default", "-@scripting")
+        try:
+            [org, user] = await limiter.should_rate_limit("o", both("acme", "u-new"))
+        finally:
+            node.execute_command("ACL", "SETUSER", "default", "+@all")
+        assert (org.degraded, user.degraded, user.over) == ("allow", "allow", False)
+        assert await remaining(limiter, "user", "u-new") == 1  # the slot that admitted was undone
+    finally:
+        node.close()
+        await backend.close()
+
+
+async def test_a_caller_that_stops_waiting_does_not_stop_the_undo(start: Start, cluster: Cluster) -> None:
+    # the org is full; the org's node is paused, so the caller (20 ms) gives up while the user's slot has
+    # already admitted: when the org's slot rejects at last, the user's hit is taken back all the same
+    limiter, backend = start(1, 5, LOG)
+    prefix = limiter._options.key_prefix
+    org_master = cluster.master_of(limit_key(prefix, LOG.value, "o", [("org", "acme")]))
+    # a user whose limit another master holds (that one is not paused)
+    user = next(f"u{u}" for u in range(1, 100)
+                if cluster.master_of(limit_key(prefix, LOG.value, "o", [("user", f"u{u}")])) is not org_master)
+    node = cluster.client(org_master)
+    try:
+        assert admitted(await limiter.should_rate_limit("o", both("acme", "u0")))
+        node.execute_command("CLIENT", "PAUSE", 300, "WRITE")
+        with pytest.raises(BackendUnavailable):
+            await limiter.should_rate_limit("o", both("acme", user), timeout=0.02)
+        await asyncio.sleep(0.6)  # the pause ends, the org's slot rejects, the user's is undone
+        assert await remaining(limiter, "user", user) == 5
+        assert await remaining(limiter, "org", "acme") == 0
     finally:
         node.close()
         await backend.close()

@@ -36,6 +36,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import hiredis
@@ -189,42 +190,43 @@ class RedisBackend:
     async def _decide_across_slots(self, checks: Sequence[Check], clock: str | int, scope: asyncio.Timeout) -> Decision:
         """``checks`` spanning cluster slots, all-or-nothing: every slot decides its checks so that it can be
         undone; when one rejects (or fails), the slots that admitted are undone. Hits given back wait until
-        every slot has admitted (they never reject, and taking them again would not be exact). Raises redis-py's
-        errors when a slot fails (after undoing the others)."""
+        every slot has admitted (they never reject, and taking them again would not be exact). A slot that
+        rejects decides the request even when another fails (the failure mode must not admit what a limit
+        refused); when a slot fails and none rejects, raises redis-py's error (after undoing the others). A
+        caller that stops waiting does not stop the undo: the slots' answers are settled when they come."""
         giving = [i for i, c in enumerate(checks) if c.hits < 0]
         if len(giving) == len(checks):  # nothing can reject
             return await self._decide_in_slots(checks, clock)
         # a check-only shadow stands in for each give-back: the limit as it stands, never a rejection
         first = [dataclasses.replace(c, hits=0, shadow=True) if c.hits < 0 else c for c in checks]
         groups = self._groups(first)
-        parts = await asyncio.gather(
-            *(self._decide_undoable([first[i] for i in g], clock) for g in groups), return_exceptions=True)
-        failed = next((p for p in parts if isinstance(p, BaseException)), None)
-        admitted = failed is None and all(isinstance(p, _Part) and p.decision.admitted for p in parts)
-        outcomes: list[Outcome] = [Outcome(False, 0, 0)] * len(checks)
-        undo: list[tuple[Check, Receipt]] = []
-        for group, part in zip(groups, parts, strict=True):
-            if not isinstance(part, _Part):
-                continue
-            taken_back = set()
-            if not admitted and part.decision.admitted:
-                for i, receipt in zip(group, part.receipts, strict=True):
-                    if receipt is not None:
-                        undo.append((first[i], receipt))
-                        taken_back.add(first[i].key)
-            for i, outcome, unchanged in zip(group, part.decision.outcomes, part.unchanged, strict=True):
-                # a give-back, or hits taken back: the limit as if this request had not come
-                outcomes[i] = unchanged if checks[i].hits < 0 or (
-                    first[i].key in taken_back and not outcome.over) else outcome
+        slots = asyncio.gather(*(self._decide_undoable([first[i] for i in g], clock) for g in groups),
+                               return_exceptions=True)
+        try:
+            parts = await asyncio.shield(slots)
+        except asyncio.CancelledError:
+            slots.add_done_callback(partial(self._settle_late, first, groups, clock))
+            raise
+        admitted, outcomes, undo = _settle(checks, first, groups, parts)
         if undo:
             await self._give_back(undo, clock, scope)
-        if failed is not None:
+        failed = next((p for p in parts if isinstance(p, BaseException)), None)
+        if failed is not None and not any(isinstance(p, _Part) and not p.decision.admitted for p in parts):
             raise failed
         if admitted and giving:
             for i, outcome in zip(giving, (await self._decide_in_slots([checks[i] for i in giving], clock)).outcomes,
                                   strict=True):
                 outcomes[i] = outcome
         return Decision(admitted, outcomes)
+
+    def _settle_late(self, first: list[Check], groups: list[list[int]], clock: str | int,
+                     slots: asyncio.Future[list[_Part | BaseException]]) -> None:
+        """The slots of a request whose caller stopped waiting have answered: undo them unless all admitted."""
+        if slots.cancelled():
+            return
+        _, _, undo = _settle(first, first, groups, slots.result())
+        if undo:
+            self._start_undo(undo, clock)
 
     async def _decide_in_slots(self, checks: Sequence[Check], clock: str | int) -> Decision:
         """``checks`` that cannot reject (give-backs), one call per slot."""
@@ -254,13 +256,17 @@ class RedisBackend:
     async def _give_back(self, undo: list[tuple[Check, Receipt]], clock: str | int, scope: asyncio.Timeout) -> None:
         """Undo what ``undo``'s receipts name, waiting for it while the request's time lasts; a compensating
         call still running then goes on without it, one that fails is logged (its hits stay counted)."""
-        task = asyncio.create_task(self._undo(undo, clock))
-        self._undoing.add(task)
-        task.add_done_callback(self._undone)
+        task = self._start_undo(undo, clock)
         deadline = scope.when()
         left = None if deadline is None else deadline - asyncio.get_running_loop().time() - 0.002
         if left is None or left > 0:
             await asyncio.wait({task}, timeout=left)
+
+    def _start_undo(self, undo: list[tuple[Check, Receipt]], clock: str | int) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._undo(undo, clock))
+        self._undoing.add(task)
+        task.add_done_callback(self._undone)
+        return task
 
     def _undone(self, task: asyncio.Task[None]) -> None:
         self._undoing.discard(task)
@@ -499,6 +505,30 @@ class RedisBackend:
         if self._master is not None:
             await self._master.close()
         await self._client.aclose()
+
+
+def _settle(checks: Sequence[Check], first: Sequence[Check], groups: list[list[int]],
+            parts: list[_Part | BaseException]) -> tuple[bool, list[Outcome], list[tuple[Check, Receipt]]]:
+    """What the slots' answers (``parts``, one per group of ``first``: ``checks`` with each give-back a check)
+    make of a request: whether it is admitted, an Outcome per check, and what to undo (the receipts of the slots
+    that admitted, when the request is not admitted)."""
+    admitted = all(isinstance(p, _Part) and p.decision.admitted for p in parts)
+    outcomes: list[Outcome] = [Outcome(False, 0, 0)] * len(checks)
+    undo: list[tuple[Check, Receipt]] = []
+    for group, part in zip(groups, parts, strict=True):
+        if not isinstance(part, _Part):
+            continue
+        taken_back = set()
+        if not admitted and part.decision.admitted:
+            for i, receipt in zip(group, part.receipts, strict=True):
+                if receipt is not None:
+                    undo.append((first[i], receipt))
+                    taken_back.add(first[i].key)
+        for i, outcome, unchanged in zip(group, part.decision.outcomes, part.unchanged, strict=True):
+            # a give-back, or hits taken back: the limit as if this request had not come
+            outcomes[i] = unchanged if checks[i].hits < 0 or (first[i].key in taken_back and not outcome.over) \
+                else outcome
+    return admitted, outcomes, undo
 
 
 def _closed_by_redis(connection: AbstractConnection) -> bool:
