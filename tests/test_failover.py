@@ -27,7 +27,7 @@ from slidegate.config import Config, load_directory
 from slidegate.keys import limit_key
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions
 from slidegate.settings import Settings, SettingsError
-from tests.helpers import OK, descriptor, request
+from tests.helpers import OK, OVER_LIMIT, descriptor, request
 from tests.redis_servers import RedisServer
 from tests.redis_topologies import SentinelGroup, wait_for
 from tests.served import Served
@@ -225,6 +225,25 @@ def test_wait_for_a_replica_confirms_a_call_or_gives_it_the_failure_mode(
         stub.ShouldRateLimit(call)
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "reached 0 of 1 replicas within 50 ms (REDIS_WAIT_REPLICAS)" in served.output()
+
+
+def test_a_lagging_replica_does_not_lift_a_limit(write_config: Callable[..., Path], serve: Callable[..., Served],
+                                                 replicated: tuple[RedisServer, RedisServer]) -> None:
+    # only an admission can be lost by a failover: a rejection keeps its answer (as the failure mode, UNAVAILABLE
+    # would have let Envoy through, and every rejected request with it)
+    master, replica = replicated
+    served = serve(write_config("domain: t\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, "
+                                "requests_per_unit: 1}\n"), url=master.url, env={
+        "REDIS_WAIT_REPLICAS": "1", "REDIS_WAIT_TIMEOUT": "50ms", "REDIS_TIMEOUT": "250ms"})
+    stub = served.stub()
+    call = request("t", descriptor(("k", "x")))
+    assert stub.ShouldRateLimit(call).overall_code == OK
+    assert replica.process is not None
+    os.kill(replica.process.pid, signal.SIGSTOP)
+    assert [stub.ShouldRateLimit(call).overall_code for _ in range(3)] == [OVER_LIMIT] * 3
+    with pytest.raises(grpc.RpcError) as caught:  # an admission still waits for the replica
+        stub.ShouldRateLimit(request("t", descriptor(("k", "y"))))
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
 @pytest.mark.parametrize(("env", "message"), [

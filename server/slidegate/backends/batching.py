@@ -10,7 +10,7 @@ the client's fixed per-command cost, the main cost of a Redis call from Python.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Generic, TypeVar
 
@@ -26,13 +26,14 @@ LATE_TIMER = 0.02
 
 
 class Batcher(Generic[Item, Result]):
-    """Sends items through ``send`` (items → one result each, in order; may raise) in natural batches.
+    """Sends items through ``send`` (items → one result each, in order, an exception for an item that failed
+    alone; may raise for the whole batch) in natural batches.
 
     ``batch_timeout``: seconds a batch may take before it is cut off (its task cancelled) and its callers
     still waiting get TimeoutError (LATE_TIMER more when the cut-off itself came late); None: no bound.
     ``on_cut_off`` is called for each batch cut off."""
 
-    def __init__(self, send: Callable[[list[Item]], Awaitable[list[Result]]], max_in_flight: int = 2,
+    def __init__(self, send: Callable[[list[Item]], Awaitable[Sequence[Result | Exception]]], max_in_flight: int = 2,
                  batch_timeout: float | None = None, on_cut_off: Callable[[], object] = lambda: None) -> None:
         self._send = send
         self._max_in_flight = max_in_flight
@@ -90,7 +91,11 @@ class Batcher(Generic[Item, Result]):
                 raise
         else:
             for (_, future), result in zip(batch, results, strict=True):
-                if not future.done():
+                if future.done():
+                    continue
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
                     future.set_result(result)
         finally:
             self._in_flight -= 1

@@ -20,9 +20,10 @@ a call that may have executed is never sent twice, so no hit is counted twice. W
 follows the Sentinels' announcements (slidegate.backends.redis_sentinel).
 
 ``wait_replicas`` (REDIS_WAIT_REPLICAS; one Redis with replicas, or Sentinel): each script call is followed,
-in the same write, by ``WAIT wait_replicas wait_timeout``; a call whose writes did not reach that many replicas
-in time raises BackendUnavailable (the failure mode answers it) instead of being answered as if a failover
-could not lose it. Its hits stay counted on the master: the call is not sent again.
+in the same write, by ``WAIT wait_replicas wait_timeout``; when the writes did not reach that many replicas in
+time, each request of the call that was admitted with hits raises BackendUnavailable (the failure mode answers
+it) instead of being answered as if a failover could not lose it; its hits stay counted on the master (the call
+is not sent again). A rejected request keeps its answer: a replica that lags does not lift a limit.
 """
 
 from __future__ import annotations
@@ -67,6 +68,15 @@ __all__ = ["RedisBackend", "TlsOptions", "Topology", "check_url", "redact"]
 log = logging.getLogger(__name__)
 
 Receipt = tuple[int, int]  # what one slot's call wrote for a limit (lua/decide.lua), to undo it
+
+
+class Unconfirmed(BackendUnavailable):
+    """A script call ran, but its writes did not reach REDIS_WAIT_REPLICAS replicas in time: ``reply`` is its
+    reply."""
+
+    def __init__(self, reply: Any, message: str) -> None:
+        super().__init__(message)
+        self.reply = reply
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +188,7 @@ class RedisBackend:
                 return await self._batcher.submit((checks, clock), bound, grace=not caller_first)
             async with asyncio.timeout(bound) as scope:
                 if len(self._groups(checks)) == 1:
-                    return (await self._decide_many([(checks, clock)]))[0]
+                    return (await self._decided([(checks, clock)]))[0]
                 return await self._decide_across_slots(checks, clock, scope)
         except TimeoutError as exc:
             if caller_first:
@@ -231,7 +241,7 @@ class RedisBackend:
     async def _decide_in_slots(self, checks: Sequence[Check], clock: str | int) -> Decision:
         """``checks`` that cannot reject (give-backs), one call per slot."""
         groups = self._groups(checks)
-        decisions = await asyncio.gather(*(self._decide_many([([checks[i] for i in g], clock)]) for g in groups))
+        decisions = await asyncio.gather(*(self._decided([([checks[i] for i in g], clock)]) for g in groups))
         outcomes: list[Outcome] = [Outcome(False, 0, 0)] * len(checks)
         for group, [decision] in zip(groups, decisions, strict=True):
             for i, outcome in zip(group, decision.outcomes, strict=True):
@@ -299,10 +309,12 @@ class RedisBackend:
     def _slot(self, key: str) -> int:
         return 0 if self._router is None else self._router.slot(key)
 
-    async def _decide_many(self, requests: list[tuple[Sequence[Check], str | int]]) -> list[Decision]:
+    async def _decide_many(self, requests: list[tuple[Sequence[Check], str | int]]) -> list[Decision | Unconfirmed]:
         """One Decision per request (its checks, its clock), in order: one script call for each run of
-        requests with the same clock (so one in production, where Redis's clock decides)."""
-        decisions: list[Decision] = []
+        requests with the same clock (so one in production, where Redis's clock decides). With
+        REDIS_WAIT_REPLICAS, a request admitted with hits that did not reach the replicas in time gets an
+        Unconfirmed instead."""
+        decisions: list[Decision | Unconfirmed] = []
         for clock, run in itertools.groupby(requests, key=lambda r: r[1]):
             batch = [checks for checks, _ in run]
             keys: list[str] = []
@@ -312,14 +324,28 @@ class RedisBackend:
                 for c in checks:
                     keys.append(c.key)
                     args += (c.algorithm.value, *c.params(), c.clamped_hits(), int(c.shadow))
-            reply = await self._eval(keys, args)
+            unconfirmed = None
+            try:
+                reply = await self._eval(keys, args)
+            except Unconfirmed as exc:
+                reply, unconfirmed = exc.reply, exc
             at = 0
             for checks in batch:
                 outcomes = [Outcome(over=bool(reply[i]), remaining=int(reply[i + 1]), reset_us=int(reply[i + 2]))
                             for i in range(at + 1, at + 1 + 3 * len(checks), 3)]
-                decisions.append(Decision(admitted=bool(reply[at]), outcomes=outcomes))
+                decision = Decision(admitted=bool(reply[at]), outcomes=outcomes)
+                lost_if_failed_over = decision.admitted and any(c.hits > 0 for c in checks)
+                decisions.append(unconfirmed if unconfirmed is not None and lost_if_failed_over else decision)
                 at += 1 + 3 * len(checks)
         return decisions
+
+    async def _decided(self, requests: list[tuple[Sequence[Check], str | int]]) -> list[Decision]:
+        """``_decide_many`` where no request can be unconfirmed (a cluster: REDIS_WAIT_REPLICAS is refused)."""
+        decisions = await self._decide_many(requests)
+        for decision in decisions:
+            if isinstance(decision, Unconfirmed):
+                raise decision
+        return decisions  # type: ignore[return-value]  # none is Unconfirmed
 
     async def _eval(self, keys: list[str], args: list[str | int]) -> list[int]:
         async with self._permits:
@@ -413,8 +439,9 @@ class RedisBackend:
                 self._master.demoted(connection)
             raise error
         if waits and acked < self._wait_replicas:
-            # the script ran and counted: not sent again, but not answered as if a failover could not lose it
-            raise BackendUnavailable(f"{self.describe()}: the hits reached {acked} of {self._wait_replicas} "
+            # the script ran and counted: not sent again, but its admissions not answered as if a failover
+            # could not lose them (_decide_many)
+            raise Unconfirmed(reply, f"{self.describe()}: the hits reached {acked} of {self._wait_replicas} "
                                      f"replicas within {self._wait_ms} ms (REDIS_WAIT_REPLICAS)")
         return reply, connection
 
