@@ -268,10 +268,27 @@ async def test_a_pause_of_this_process_is_not_taken_for_redis_failing(private_re
     checks = [Check("sgbreaker:gc", 100, 60_000_000, 1)]
     await backend.decide(checks)
     call = asyncio.create_task(backend.decide(checks))
-    await asyncio.sleep(0)  # the call is sent
+    while not backend._asked:  # the call is at Redis
+        await asyncio.sleep(0)
     time.sleep(0.2)  # on purpose: the loop stalls (a garbage collection) past REDIS_TIMEOUT
     assert (await call).admitted  # Redis answered long ago: its answer is read, not thrown away
     assert not breaker.is_open and breaker.reason == ""
+    await backend.close()
+
+
+async def test_a_pause_of_this_process_is_not_redis_silent(private_redis: RedisServer) -> None:
+    # callers arriving right after this process stalled must not be told Redis has been silent: its answer came
+    # meanwhile and is just not read yet
+    backend = RedisBackend(private_redis.url, timeout=2.0)
+    checks = [Check("sgbreaker:quiet", 100, 60_000_000, 1)]
+    await backend.decide(checks)
+    first = asyncio.create_task(backend.decide(checks))
+    while not backend._asked:  # the call is at Redis
+        await asyncio.sleep(0)
+    time.sleep(0.05)  # on purpose: the loop stalls, longer than the callers below can wait
+    later = await asyncio.gather(*(backend.decide(checks, timeout=0.015) for _ in range(5)), return_exceptions=True)
+    assert [getattr(d, "admitted", d) for d in later] == [True] * 5
+    assert (await first).admitted
     await backend.close()
 
 

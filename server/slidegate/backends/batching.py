@@ -14,15 +14,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Generic, TypeVar
 
-from slidegate.backends.deadlines import Deadlines
+from slidegate.backends.deadlines import LATE_TIMER, Deadlines
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
-
-# A batch's deadline that fires this many seconds late was held up by this process (a garbage collection, a busy
-# loop), not by Redis, whose answer may be waiting unread: the batch gets this long again, once, before it is cut
-# off. Deadlines fire 2-4 ms late in the normal run of things (slidegate.backends.deadlines).
-LATE_TIMER = 0.02
 
 
 class Batcher(Generic[Item, Result]):
@@ -30,7 +25,8 @@ class Batcher(Generic[Item, Result]):
     alone; may raise for the whole batch) in natural batches.
 
     ``batch_timeout``: seconds a batch may take before it is cut off (its task cancelled) and its callers
-    still waiting get TimeoutError (LATE_TIMER more when the cut-off itself came late); None: no bound.
+    still waiting get TimeoutError (LATE_TIMER more, once, when the cut-off itself came late: this process was
+    held up, and Redis's answer may be waiting unread); None: no bound.
     ``on_cut_off`` is called for each batch cut off."""
 
     def __init__(self, send: Callable[[list[Item]], Awaitable[Sequence[Result | Exception]]], max_in_flight: int = 2,

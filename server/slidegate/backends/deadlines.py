@@ -13,9 +13,14 @@ import asyncio
 import heapq
 import itertools
 import math
+import time
 from collections.abc import Callable
 
 GRANULARITY = 0.002  # seconds deadlines this close together share one timer (plus the loop's own ~1 ms rounding)
+# A timer that fires this many seconds late was held up by this process (a garbage collection, a busy loop, the
+# process stopped), not by Redis, whose answer may be waiting unread meanwhile. Deadlines fire 2-4 ms late in the
+# normal run of things.
+LATE_TIMER = 0.02
 COMPACT_AT = 4096  # entries: above this (and twice the live ones last seen), finished ones are dropped
 
 
@@ -69,3 +74,44 @@ class Deadlines:
                 loop.call_exception_handler({"message": "deadline callback failed", "exception": exc})
         if self._heap:
             self._arm(loop, self._heap[0][0])
+
+
+class LoopWatch:
+    """Since when this process's event loop has been running on time, while ``busy()`` (some round trip is out):
+    a timer every TICK seconds notes when it fired more than LATE_TIMER late. Time the loop did not run is no
+    evidence about Redis: its answer may have come meanwhile and not been read yet."""
+
+    TICK = 0.005
+
+    def __init__(self, busy: Callable[[], bool]) -> None:
+        self._busy = busy
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_tick = -math.inf
+        self._resumed = -math.inf
+
+    def watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Tick in ``loop`` (the running one) until nothing is busy."""
+        if self._timer is None or self._loop is not loop:
+            self._loop = loop
+            self._last_tick = self._resumed = time.monotonic()
+            self._timer = loop.call_later(self.TICK, self._tick)
+
+    def steady_since(self, now: float) -> float:
+        """When the loop last resumed from a stall (``now`` when that cannot be told: no tick seen lately)."""
+        if now - self._last_tick > self.TICK + LATE_TIMER:
+            return now
+        return self._resumed
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now - self._last_tick > self.TICK + LATE_TIMER:
+            self._resumed = now
+        self._last_tick = now
+        assert self._loop is not None
+        self._timer = self._loop.call_later(self.TICK, self._tick) if self._busy() else None
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

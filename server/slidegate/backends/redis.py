@@ -57,6 +57,7 @@ from slidegate.algorithms import Algorithm
 from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded, Decision, Outcome
 from slidegate.backends.batching import Batcher
 from slidegate.backends.breaker import Breaker
+from slidegate.backends.deadlines import LoopWatch
 from slidegate.backends.redis_cluster import ClusterRouter
 from slidegate.backends.redis_connect import TlsOptions, Topology, check_url, make_client, redact
 from slidegate.backends.redis_sentinel import SentinelMaster
@@ -151,6 +152,7 @@ class RedisBackend:
         self._asked: dict[int, float] = {}
         self._asking = itertools.count()
         self._last_answer = 0.0
+        self._watch = LoopWatch(lambda: bool(self._asked))
         # a token bucket's hold waits this long for its undo (a decision and a compensating call, each within
         # the timeout), then is confirmed: an undo arriving later gives nothing back
         self._hold_us = round((2 * timeout + 0.1) * 1_000_000)
@@ -175,8 +177,11 @@ class RedisBackend:
         if timeout is not None and self._asked:
             # a call does not queue behind a Redis that has already been silent longer than the call can wait
             # (Envoy's 20 ms): its failure mode answers at once instead of just before the deadline, when the
-            # answer may no longer make it (measured: 15% late under load with CLIENT PAUSE)
-            silent = time.monotonic() - max(self._last_answer, min(self._asked.values()))
+            # answer may no longer make it (measured: 15% late under load with CLIENT PAUSE). Silent while this
+            # process ran, that is: an answer may be waiting unread after a pause of our own.
+            now = time.monotonic()
+            oldest = next(iter(self._asked.values()))  # round trips are kept in the order they began
+            silent = now - max(self._last_answer, oldest, self._watch.steady_since(now))
             if silent >= timeout:
                 raise BackendUnavailable(f"{self.describe()}: silent for {silent * 1000:.0f} ms, longer than the "
                                          f"call can wait ({timeout * 1000:.0f} ms)")
@@ -358,6 +363,7 @@ class RedisBackend:
     async def _execute(self, keys: list[str], *command: str | int) -> list[int]:
         asking = next(self._asking)
         self._asked[asking] = time.monotonic()
+        self._watch.watch(asyncio.get_running_loop())
         try:
             try:
                 return await self._round_trip(keys, command)
@@ -521,6 +527,7 @@ class RedisBackend:
         raise ReadOnlyError("the node the Sentinels name says it is a replica")
 
     async def close(self) -> None:
+        self._watch.stop()
         self._closed = True  # a call still running closes its connection itself
         if self._undoing:  # compensating calls still running: their hits would otherwise stay counted
             await asyncio.wait(set(self._undoing), timeout=self._timeout)
