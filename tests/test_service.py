@@ -110,8 +110,9 @@ async def test_invalid_request(rls: Start, req: rls_pb2.RateLimitRequest, reason
 
 
 async def test_redis_down_is_unavailable_in_bounded_time_then_recovers(
-    rls: Start, private_redis: RedisServer, caplog: pytest.LogCaptureFixture
+    rls: Start, private_redis: RedisServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(service_module.OutageLog, "QUIET", 0.2)
     stub = await rls(CONFIG, url=private_redis.url, timeout=0.2, use_clock=False)
     req = request("api", descriptor(("client", "c")))
     assert (await stub.ShouldRateLimit(req)).overall_code == OK
@@ -132,7 +133,7 @@ async def test_redis_down_is_unavailable_in_bounded_time_then_recovers(
     messages = [r.getMessage() for r in caplog.records if r.name == "slidegate.service"]
     assert len(messages) == 2
     assert messages[0].startswith("storage unavailable: 1 calls failed or were decided by the failure mode; last: ")
-    assert messages[1].startswith("storage answering again: no call failed for 1.")
+    assert messages[1].startswith("storage answering again: no call failed for 0.")
     assert messages[1].endswith(" (2 more since the last line)")
 
 
@@ -166,19 +167,22 @@ def test_an_outage_is_one_line_every_ten_seconds(caplog: pytest.LogCaptureFixtur
     for i in range(2000):  # 40 s of an outage, 50 failed calls a second
         now[0] = i / 50
         outage.failed("no answer in time")
-    now[0] = 40.0
+    now[0] = 45.0
     outage.answered()  # too soon after the last failure to say
-    now[0] = 41.0
+    now[0] = 50.0
     outage.answered()
     outage.answered()  # nothing more to say
+    now[0] = 52.0
+    outage.failed("refused")  # another outage: told at once
     messages = [r.getMessage() for r in caplog.records]
-    assert len(messages) == 5
+    assert len(messages) == 6
     assert messages[0] == ("storage unavailable: 1 calls failed or were decided by the failure mode; last: no answer "
                            "in time")
     assert messages[1] == ("storage unavailable: 500 calls failed or were decided by the failure mode in the last 10 "
                            "s; last: no answer in time")
-    assert messages[4] == ("storage answering again: no call failed for 1.0 s, after failures for 40.0 s (499 more "
+    assert messages[4] == ("storage answering again: no call failed for 10.0 s, after failures for 40.0 s (499 more "
                            "since the last line)")
+    assert messages[5] == "storage unavailable: 1 calls failed or were decided by the failure mode; last: refused"
 
 
 def test_a_partial_outage_answering_by_turns_is_one_outage(caplog: pytest.LogCaptureFixture) -> None:

@@ -317,11 +317,11 @@ class OutageLog:
     """The log of a storage outage: its first failed call at once, then at most one line every LINE_EVERY seconds
     with the count, and one line when the storage itself answers again with no call failing for QUIET seconds
     (an answer from the over-limit cache is not the storage; a cluster with one master down answers and fails
-    by turns, and that is one outage, not a line each time). One line per failed call flooded the log (2,624
-    lines in 40 s)."""
+    by turns, and failures a few seconds apart are one outage, not a line each). One line per failed call
+    flooded the log (2,624 lines in 40 s)."""
 
     LINE_EVERY = 10.0
-    QUIET = 1.0
+    QUIET = 10.0
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -352,5 +352,6 @@ class OutageLog:
         if self._announced:
             log.warning("storage answering again: no call failed for %.1f s, after failures for %.1f s (%d more "
                         "since the last line)", now - self._last, self._last - self._first, self._failed)
-            self._failed, self._announced = 0, False
+            # the next outage is told at once
+            self._failed, self._announced, self._last_line = 0, False, None
         self._first = None
