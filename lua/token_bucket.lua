@@ -278,7 +278,10 @@ algorithms.token_bucket = {
     if st.held == 0 then return 0 end
     local record = redis.call('HGET', key, 'h' .. fmt(id))
     if not record then return 0 end
-    local tokens = tonumber(string.match(record, '^(%d+)'))
+    local taken, until_us = string.match(record, '^(%d+) (%d+)$')
+    -- ids start again once no hold is out: a record of another expiry is another request's hold
+    if tonumber(until_us) ~= exp then return 0 end
+    local tokens = tonumber(taken)
     local others = st.held - tokens
     -- G beyond the other holds' tokens comes back (G <= H, so at most this hold's tokens)
     if st.gn > others or (st.gn == others and st.gf > 0) then

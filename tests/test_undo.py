@@ -210,6 +210,22 @@ def test_bucket_holds_are_dropped_when_an_earlier_version_wrote_the_bucket(scrip
     assert sorted(script.client.hkeys(key)) == [b"p", b"t", b"u"]
 
 
+def test_a_bucket_undo_never_takes_back_another_requests_hold(script: Script, key_prefix: str) -> None:
+    # holds dropped by an earlier version's write let hold ids start again: the next hold takes the same id,
+    # and an undo still on its way for the dropped one must not give back the new request's tokens
+    key = f"{key_prefix}reused"
+    bucket = limit(key, BUCKET, 4, n=10, window=1000 * S)
+    _, [dropped] = script.decide(0.0, [bucket])
+    # an earlier version took a token: it writes the level and knows no holds, so they are dropped
+    script.client.hset(key, mapping={"t": 5 * 100 * S, "u": T0, "p": 100 * S})
+    _, [ours] = script.decide(1.0, [bucket])
+    assert dropped is not None and ours is not None and dropped[0] == ours[0]  # the same id, another hold
+    assert script.undo(2.0, [(bucket, dropped)]) == [0]
+    assert script.remaining(2.0, bucket)[0] == 1
+    assert script.undo(2.0, [(bucket, ours)]) == [1]
+    assert script.remaining(2.0, bucket)[0] == 5
+
+
 # --- the bucket's holds against an exact replay -----------------------------------------------------------
 
 @dataclass
