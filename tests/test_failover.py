@@ -144,6 +144,38 @@ async def test_no_admitted_hit_goes_to_the_old_master_after_the_switch_is_announ
     await backend.close()
 
 
+async def test_a_sentinel_naming_an_older_master_does_not_move_the_backend_back(
+        config: Config, group: SentinelGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a Sentinel back from a restart or a partition names the master it last knew for a while: subscribing to
+    # it again after a failover must not send new calls to the old master (still taking writes, soon lost)
+    limiter, backend, _ = sentinel_limiter(config, group)
+    old, new = ("127.0.0.1", group.master.port), ("127.0.0.1", group.replica.port)
+    await limiter.should_rate_limit("t", [Descriptor((("k", "x"),))])
+    master = backend._master
+    assert master is not None and master.address == old
+    async with switch_announcements(group) as announced:
+        await asyncio.to_thread(group.failover)
+        await asyncio.to_thread(wait_for, lambda: bool(announced), 10, "+switch-master")
+    await asyncio.sleep(0.2)  # slidegate asks the announcing Sentinel for the failover's epoch
+    assert master.address == new
+    sentinel = master._manager.sentinels[0]
+
+    async def stale(_: object) -> tuple[tuple[str, int], int]:
+        return old, 0  # the master before the failover, at the epoch before it
+
+    monkeypatch.setattr(master, "_named_by", stale)
+    await master._catch_up(sentinel, "stale")
+    assert master.address == new
+
+    async def newer(_: object) -> tuple[tuple[str, int], int]:
+        return old, 99  # a later failover made the old node master again: followed
+
+    monkeypatch.setattr(master, "_named_by", newer)
+    await master._catch_up(sentinel, "newer")
+    assert master.address == old
+    await backend.close()
+
+
 @pytest.mark.parametrize("told_by", ["READONLY", "ROLE"])
 async def test_a_master_that_became_a_replica_unannounced_makes_the_backend_ask_the_sentinels(
         config: Config, group: SentinelGroup, told_by: str) -> None:

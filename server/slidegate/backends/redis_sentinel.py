@@ -65,6 +65,7 @@ class SentinelMaster:
         self._connection_class = SSLConnection if issubclass(pool.connection_class, SSLConnection) else Connection
         self.address: Address | None = None  # None: ask the Sentinels before the next connection
         self._known: Address | None = None  # the last master in use (for the log)
+        self._epoch = -1  # the failover epoch of the master in use, as the Sentinels tell it
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listeners: list[asyncio.Task[None]] = []
 
@@ -138,7 +139,7 @@ class SentinelMaster:
                 if failed:
                     log.warning("sentinel %s: subscribed to %s again", where, CHANNEL)
                 failed = 0
-                await self._read(pubsub, where)
+                await self._read(pubsub, sentinel, where)
             except (RedisError, OSError, TimeoutError) as exc:
                 _raise_if_cancelled()
                 failed += 1
@@ -153,13 +154,22 @@ class SentinelMaster:
 
     async def _catch_up(self, sentinel: aioredis.Redis, where: str) -> None:
         """Ask a Sentinel just subscribed to for the master: it may have been announced while we were not
-        listening."""
-        reply = await sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.name)
-        if self.address is not None and isinstance(reply, (list, tuple)) and len(reply) == 2:
-            host = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
-            self.switch((host, int(reply[1])), f"named by sentinel {where} on subscribing")
+        listening. Only a newer failover than the one in use moves it: a Sentinel back from a restart or a
+        partition may still name the old master for a while."""
+        address, epoch = await self._named_by(sentinel)
+        if self.address is None or epoch > self._epoch:
+            self.switch(address, f"named by sentinel {where} on subscribing (failover epoch {epoch})")
+        if address == self.address:
+            self._epoch = max(self._epoch, epoch)
 
-    async def _read(self, pubsub: aioredis.client.PubSub, where: str) -> None:
+    async def _named_by(self, sentinel: aioredis.Redis) -> tuple[Address, int]:
+        """The master ``sentinel`` names, and the epoch of the failover that made it master."""
+        state = await sentinel.sentinel_master(self.name)
+        if not isinstance(state, dict):
+            raise RedisError(f"SENTINEL MASTER {self.name}: unexpected reply {state!r}")
+        return (str(state["ip"]), int(state["port"])), int(state["config-epoch"])
+
+    async def _read(self, pubsub: aioredis.client.PubSub, sentinel: aioredis.Redis, where: str) -> None:
         loop = asyncio.get_running_loop()
         heard = pinged = loop.time()
         while True:
@@ -169,19 +179,24 @@ class SentinelMaster:
             if message is not None:
                 heard = now
                 if message["type"] == "message":
-                    self._announced(message["data"], where)
+                    await self._announced(message["data"], sentinel, where)
             if now - heard > SILENT_FOR:
                 raise TimeoutError(f"no answer for {SILENT_FOR:.0f} s")
             if now - pinged >= PING_EVERY:
                 await pubsub.ping()
                 pinged = now
 
-    def _announced(self, data: bytes | str, where: str) -> None:
-        # "<master name> <old ip> <old port> <new ip> <new port>"
+    async def _announced(self, data: bytes | str, sentinel: aioredis.Redis, where: str) -> None:
+        # "<master name> <old ip> <old port> <new ip> <new port>": followed at once, then the failover's epoch
+        # is asked for, so that a Sentinel naming the old master afterwards does not move it back
         text = data.decode(errors="replace") if isinstance(data, bytes) else data
         parts = text.split()
         if len(parts) == 5 and parts[0] == self.name and parts[4].isdigit():
-            self.switch((parts[3], int(parts[4])), f"{CHANNEL} from sentinel {where}")
+            announced = (parts[3], int(parts[4]))
+            self.switch(announced, f"{CHANNEL} from sentinel {where}")
+            address, epoch = await self._named_by(sentinel)
+            if address == announced:
+                self._epoch = max(self._epoch, epoch)
 
     async def stop_following(self) -> None:
         """Unsubscribe from every Sentinel, for the rest of this event loop (on close; and in the tests of what
