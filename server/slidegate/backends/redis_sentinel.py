@@ -11,7 +11,9 @@ finding the master and its pub/sub for the announcements:
   our master, the address in use changes at once, and RedisBackend sends no new call on a connection to
   another address (calls in flight finish where they were);
 - a Sentinel subscribed to (again) is asked for the master at once, so an announcement made while no
-  subscription was up is not missed;
+  subscription was up is not missed; its answer moves the master in use only when it comes from a later
+  failover (its epoch, which every announcement is followed by asking for): a Sentinel back from a restart or
+  a partition names the master it last knew for a while;
 - a node that said it is a replica (a script's ``READONLY`` reply, or ``ROLE`` in the health ping) is
   forgotten: the next connection asks the Sentinels again.
 
@@ -19,8 +21,6 @@ Not covered: hits that the old master admitted between its replica's promotion a
 on the new master (replication is asynchronous; 0.5 to 1 s after ``SENTINEL FAILOVER`` here). Nor a node
 that is cut off from the Sentinels and goes on as master without a word: Sentinel's own
 ``min-replicas-to-write`` advice applies. REDIS_WAIT_REPLICAS (RedisBackend) closes both windows, at a cost.
-A Sentinel names the master as it last knew it: one that comes back from a partition may name the old one
-for a moment, and is then corrected by that node's own answer (READONLY or ROLE) once it is a replica.
 """
 
 from __future__ import annotations
