@@ -206,7 +206,7 @@ async def test_a_hung_redis_opens_the_breaker_whatever_the_callers_deadlines(pri
         started = time.monotonic()
         with pytest.raises(BackendUnavailable, match="calls fail at once"):
             await backend.decide(checks, timeout=0.02)
-        assert time.monotonic() - started < 0.005
+        assert time.monotonic() - started < 0.015  # at once: well before the 20 ms a wait would take
     finally:
         private_redis.process.send_signal(signal.SIGCONT)
     await backend.close()
@@ -364,7 +364,7 @@ async def test_a_redis_silent_longer_than_a_caller_can_wait_gets_the_failure_mod
         started = time.monotonic()
         # Envoy's 20 ms: Redis has already been silent longer than that
         codes = [(await service.decide("f", descriptors, 0, timeout=0.02)).overall_code for _ in range(20)]
-        assert time.monotonic() - started < 0.02  # all twenty at once, not each near its deadline
+        assert time.monotonic() - started < 0.1  # all twenty at once, not each near its deadline (0.24 s)
         # local: this process's own count of the limit (4 per minute)
         assert codes == {"allow": [OK] * 20, "deny": [OVER_LIMIT] * 20, "local": [OK] * 4 + [OVER_LIMIT] * 16}[mode]
         assert not first.done()

@@ -31,7 +31,7 @@ from slidegate.limiter import Limiter, LimiterOptions
 from slidegate.metrics import Metrics
 from slidegate.reload import ConfigHolder, ConfigWatcher
 from slidegate.service import AnswerOptions, RateLimitService
-from slidegate.settings import Settings
+from slidegate.settings import DEFAULT_MAX_RECV_MSG_SIZE, Settings
 from slidegate.tls import server_credentials
 
 log = logging.getLogger("slidegate")
@@ -68,9 +68,6 @@ def _auth(text: str) -> tuple[str | None, str] | None:
     quoted into it."""
     user, sep, password = text.partition(":")
     return (user, password) if sep else (None, text) if text else None
-
-
-DEFAULT_MAX_RECV_MSG_SIZE = 1024 * 1024
 
 
 async def start_server(

@@ -16,6 +16,7 @@ from typing import Any
 
 from slidegate.algorithms import Algorithm
 
+DEFAULT_MAX_RECV_MSG_SIZE = 1024 * 1024  # bytes: Envoy's default 60 KiB of headers, many times over
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|h)?\s*$")
 _SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -197,7 +198,8 @@ SPECS: tuple[Spec, ...] = (
          "REDIS_TIMEOUT"),
     Spec("grpc_host", "GRPC_HOST", "--host", "0.0.0.0", str, "address for gRPC"),
     Spec("grpc_port", "GRPC_PORT", "--grpc-port", "8081", _port, "gRPC port (0: any free port)"),
-    Spec("grpc_max_recv_msg_size", "GRPC_MAX_RECV_MSG_SIZE", "--grpc-max-recv-msg-size", "1048576", _message_size,
+    Spec("grpc_max_recv_msg_size", "GRPC_MAX_RECV_MSG_SIZE", "--grpc-max-recv-msg-size",
+         str(DEFAULT_MAX_RECV_MSG_SIZE), _message_size,
          "largest request accepted, in bytes (larger ones are refused with RESOURCE_EXHAUSTED before they are "
          "read); the default fits every descriptor value Envoy forwards with its default 60 KiB header limit"),
     Spec("grpc_server_use_tls", "GRPC_SERVER_USE_TLS", "--grpc-server-use-tls", "false", _bool,

@@ -192,9 +192,10 @@ class RedisBackend:
             if self._router is None:
                 return await self._batcher.submit((checks, clock), bound, grace=not caller_first)
             async with asyncio.timeout(bound) as scope:
-                if len(self._groups(checks)) == 1:
+                groups = self._groups(checks)
+                if len(groups) == 1:
                     return (await self._decided([(checks, clock)]))[0]
-                return await self._decide_across_slots(checks, clock, scope)
+                return await self._decide_across_slots(checks, groups, clock, scope)
         except TimeoutError as exc:
             if caller_first:
                 raise DeadlineExceeded(f"{self.describe()}: the caller's deadline ({timeout:.3f} s) ran out") from exc
@@ -202,19 +203,20 @@ class RedisBackend:
         except (RedisError, RedisClusterException, OSError) as exc:
             raise BackendUnavailable(f"{self.describe()}: {_reason(exc)}") from exc
 
-    async def _decide_across_slots(self, checks: Sequence[Check], clock: str | int, scope: asyncio.Timeout) -> Decision:
-        """``checks`` spanning cluster slots, all-or-nothing: every slot decides its checks so that it can be
-        undone; when one rejects (or fails), the slots that admitted are undone. Hits given back wait until
-        every slot has admitted (they never reject, and taking them again would not be exact). A slot that
-        rejects decides the request even when another fails (the failure mode must not admit what a limit
-        refused); when a slot fails and none rejects, raises redis-py's error (after undoing the others). A
-        caller that stops waiting does not stop the undo: the slots' answers are settled when they come."""
+    async def _decide_across_slots(self, checks: Sequence[Check], groups: list[list[int]], clock: str | int,
+                                   scope: asyncio.Timeout) -> Decision:
+        """``checks`` spanning cluster slots (``groups``: their indexes, slot by slot), all-or-nothing: every slot
+        decides its checks so that it can be undone; when one rejects (or fails), the slots that admitted are
+        undone. Hits given back wait until every slot has admitted (they never reject, and taking them again
+        would not be exact). A slot that rejects decides the request even when another fails (the failure mode
+        must not admit what a limit refused); when a slot fails and none rejects, raises redis-py's error (after
+        undoing the others). A caller that stops waiting does not stop the undo: the slots' answers are settled
+        when they come."""
         giving = [i for i, c in enumerate(checks) if c.hits < 0]
         if len(giving) == len(checks):  # nothing can reject
             return await self._decide_in_slots(checks, clock)
         # a check-only shadow stands in for each give-back: the limit as it stands, never a rejection
         first = [dataclasses.replace(c, hits=0, shadow=True) if c.hits < 0 else c for c in checks]
-        groups = self._groups(first)
         slots = asyncio.gather(*(self._decide_undoable([first[i] for i in g], clock) for g in groups),
                                return_exceptions=True)
         try:
@@ -258,7 +260,7 @@ class RedisBackend:
         keys = [c.key for c in checks]
         args: list[str | int] = [clock, 1, -len(checks), self._hold_us]
         for c in checks:
-            args += (c.algorithm.value, *c.params(), c.clamped_hits(), int(c.shadow))
+            args += _limit_args(c)
         reply = await self._eval(keys, args)
         outcomes, unchanged, receipts = [], [], []
         for i in range(1, 1 + 7 * len(checks), 7):
@@ -328,7 +330,7 @@ class RedisBackend:
                 args.append(len(checks))
                 for c in checks:
                     keys.append(c.key)
-                    args += (c.algorithm.value, *c.params(), c.clamped_hits(), int(c.shadow))
+                    args += _limit_args(c)
             unconfirmed = None
             try:
                 reply = await self._eval(keys, args)
@@ -539,6 +541,11 @@ class RedisBackend:
         if self._master is not None:
             await self._master.close()
         await self._client.aclose()
+
+
+def _limit_args(c: Check) -> tuple[str | int, ...]:
+    """A limit's arguments of lua/decide.lua: algorithm, its three parameters, hits, shadow."""
+    return (c.algorithm.value, *c.params(), c.clamped_hits(), int(c.shadow))
 
 
 def _settle(checks: Sequence[Check], first: Sequence[Check], groups: list[list[int]],
