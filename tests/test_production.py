@@ -3,6 +3,7 @@ JSON logs and the client command — against `slidegate serve` processes and rea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -340,16 +342,35 @@ def test_request_values_that_are_not_utf8_in_detailed_metrics(write_config: Call
 def test_json_bodies_that_cannot_be_read_are_bad_requests(write_config: Callable[..., Path],
                                                           serve: Callable[..., Served]) -> None:
     served = serve(write_config(CONFIG))
-    for headers in ({"Content-Type": "application/json; charset=bogus"}, {"Content-Encoding": "gzip"}):
+    for headers, code in (({"Content-Type": "application/json; charset=bogus"}, 400),
+                          ({"Content-Encoding": "gzip"}, 415), ({"Content-Encoding": "br"}, 415)):
         req = urllib.request.Request(f"http://127.0.0.1:{served.http_port}/json", data=b"notgzip{", headers=headers)
         with pytest.raises(urllib.error.HTTPError) as caught:
             urllib.request.urlopen(req, timeout=5)
-        assert caught.value.code == 400
+        assert caught.value.code == code
+        assert "error" in json.loads(caught.value.read())
     status, text = served.http("/json", b"{" + b" " * (2 << 20) + b"}")  # over aiohttp's 1 MiB
     assert status == 413 and "Maximum request body size" in json.loads(text)["error"]
     # the service goes on answering, and the bodies it refused are no tracebacks in its log
     assert served.http("/json", json_request("p", ("user", "after")))[0] == 200
     assert "Traceback" not in served.output()
+
+
+def test_a_compressed_body_is_never_inflated(write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
+    # aiohttp inflated bodies on the event loop as they came, past its size limit: a 1 MB gzip of 1 GiB held the
+    # loop 3 s, every gRPC call missed Envoy's deadline, and Envoy let every request through
+    served = serve(write_config(CONFIG))
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip
+    bomb = b"".join([*(deflate.compress(b" " * (1 << 20)) for _ in range(1024)), deflate.flush()])  # 1 GiB, 1 MB
+    stub = served.stub()
+    for port, path in ((served.http_port, "/json"), (served.http_port, "/nope"), (served.debug_port, "/metrics")):
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=bomb,
+                                     headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+        started = time.monotonic()
+        with contextlib.suppress(urllib.error.HTTPError):
+            urllib.request.urlopen(req, timeout=10).read()
+        assert time.monotonic() - started < 1.0, path  # 2 to 3 s to inflate it, had it been
+        assert stub.ShouldRateLimit(request("p", descriptor(("user", path))), timeout=1).overall_code == OK
 
 
 def test_sighup_reloads(write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
