@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from slidegate.client import Decision, DescriptorDecision, policy_name
-from slidegate.contrib.common import Options, RequestView, build_descriptors, client_ip
+from slidegate.contrib.common import MAX_VALUE, Options, RequestView, build_descriptors, client_ip
 
 TRUSTED = [ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("2001:db8:ffff::/48")]
 
@@ -49,6 +49,25 @@ def test_descriptors_from_sources() -> None:
     ]
     assert build_descriptors(options, view(user_id="7"))[:3] == [
         [("user", "7")], [("user", "7"), ("path", "/api/x")], [("user", "7")]]
+
+
+def test_long_and_unsendable_values_are_sent_as_digests_that_no_value_can_forge() -> None:
+    options = Options.parse({"DOMAIN": "d", "DESCRIPTORS": [["path"]]})
+
+    def sent(path: str) -> str:
+        [[(key, value)]] = build_descriptors(options, view(path=path))
+        assert key == "path"
+        return value
+
+    long_path = "/" + "a" * 2_000_000  # past the service's message size: refused whole, the middleware fails open
+    assert sent(long_path) == sent(long_path)
+    assert sent(long_path).startswith("#") and len(sent(long_path)) == 65
+    assert sent(long_path[:-1] + "b") != sent(long_path)
+    assert sent("/" + "a" * (MAX_VALUE - 1)) == "/" + "a" * (MAX_VALUE - 1)
+    assert sent(sent(long_path)) == "#" + sent(long_path)  # a value that looks like a digest is not one
+    assert sent("#") == "##" and sent("##") == "###"
+    assert sent("/\udcff").startswith("#") and len(sent("/\udcff")) == 65  # not UTF-8: sent as its digest
+    assert sent("/\udcff") != sent("/\udcfe")
 
 
 @pytest.mark.parametrize(("options", "message"), [

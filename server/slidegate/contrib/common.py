@@ -15,6 +15,7 @@ through) or ``closed`` (answer 503) when the limiter cannot answer within ``TIME
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import logging
@@ -153,11 +154,36 @@ class RequestView:
     user_id: str | None
 
 
+MAX_VALUE = 256  # characters: a longer value is sent as its digest (see _sendable)
+
+
+def _sendable(value: str) -> str:
+    """``value`` as sent to the service: as it is, unless it is longer than MAX_VALUE or not UTF-8 (a path's
+    undecodable bytes): then ``#`` and its SHA-256, so that a client cannot make its request too large to be
+    decided (past the service's message size, gRPC refuses it and the middleware would fail open) nor
+    unsendable. A value that itself starts with ``#`` gets one more ``#``: a digest is ``#`` and a hex digit, an
+    escaped value ``##``, so no value sent stands for two others."""
+    if len(value) > MAX_VALUE or (not value.isascii() and not _utf8(value)):
+        return "#" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+    return "#" + value if value.startswith("#") else value
+
+
+def _utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def build_descriptors(options: Options, view: RequestView) -> list[DescriptorSpec]:
     """The descriptors for one request; a descriptor whose source is missing (no such header, anonymous
-    ``user``) is left out, as Envoy does. Values of any length are sent as they are: the service limits a long
-    path or header like any other (it keeps long values as their digest)."""
-    out: list[DescriptorSpec] = []
+    ``user``) is left out, as Envoy does. Values are sent as _sendable makes them (long ones as a digest)."""
+    return [[(key, _sendable(value)) for key, value in entries] for entries in _descriptors(options, view)]
+
+
+def _descriptors(options: Options, view: RequestView) -> list[list[tuple[str, str]]]:
+    out: list[list[tuple[str, str]]] = []
     for sources in options.descriptors:
         entries: list[tuple[str, str]] = []
         for source in sources:
