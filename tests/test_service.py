@@ -20,7 +20,7 @@ from slidegate.backends.base import BackendUnavailable
 from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import Config, load_directory
-from slidegate.heap import Remembered
+from slidegate.heap import Heap
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions
 from slidegate.logs import Repeated
 from slidegate.server import start_server
@@ -332,7 +332,7 @@ async def test_remembered_requests_are_left_out_of_garbage_collections(
     config = load_directory(write_config(CONFIG))
     backend = RedisBackend(redis_url)
     service = RateLimitService(Limiter(lambda: config, backend, LimiterOptions(key_prefix=key_prefix)),
-                               remembered=Remembered(freeze_every=100))
+                               heap=Heap(freeze_every=100))
     gc.collect()
     try:
         async with served(service) as stub:

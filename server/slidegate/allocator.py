@@ -22,20 +22,39 @@ MMAP_THRESHOLD = 128 * 1024
 ARENA_MAX = 2
 
 
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        libc.mallopt  # noqa: B018 - glibc's, not another C library's
+        libc.malloc_trim  # noqa: B018
+    except (OSError, AttributeError):
+        return None
+    libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    libc.mallopt.restype = ctypes.c_int
+    libc.malloc_trim.argtypes = (ctypes.c_size_t,)
+    libc.malloc_trim.restype = ctypes.c_int
+    return libc
+
+
+_LIBC = _libc()
+
+
+def trim() -> None:
+    """Give the free memory at the top of glibc's heaps back to the system (``malloc_trim``); elsewhere
+    nothing."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
 def return_large_blocks() -> bool:
     """Set glibc's mmap threshold and arena count (see the module docstring); call it before threads start.
     Returns whether glibc took the settings."""
-    name = ctypes.util.find_library("c")
-    if name is None:
+    if _LIBC is None:
         return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False  # not glibc
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
-    ok = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_ARENA_MAX, ARENA_MAX))
+    ok = bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(_LIBC.mallopt(_M_ARENA_MAX, ARENA_MAX))
     if not ok:
         log.debug("glibc refused the allocator settings")
     return ok

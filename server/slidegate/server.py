@@ -25,7 +25,7 @@ from slidegate.backends.memory import MemoryBackend
 from slidegate.backends.redis import RedisBackend, TlsOptions, Topology
 from slidegate.config import LoadOptions, load_directory
 from slidegate.health import Health
-from slidegate.heap import Remembered
+from slidegate.heap import Heap
 from slidegate.httpapi import make_app, start_app
 from slidegate.limiter import Limiter, LimiterOptions
 from slidegate.metrics import Metrics
@@ -124,7 +124,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
     service = RateLimitService(limiter, AnswerOptions(
         shadow_mode=settings.shadow_mode, dynamic_metadata=settings.response_dynamic_metadata,
         headers=settings.limit_response_headers_enabled, ietf_headers=settings.limit_response_headers_ietf,
-    ), metrics, Remembered())
+    ), metrics, Heap())
     credentials = None
     if settings.grpc_server_use_tls:
         credentials = server_credentials(settings.grpc_server_tls_cert, settings.grpc_server_tls_key,

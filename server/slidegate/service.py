@@ -24,7 +24,7 @@ from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate._proto.slidegate.wire.v1 import lenient_pb2
 from slidegate.backends.base import BackendUnavailable, DeadlineExceeded
 from slidegate.headers import rate_limit_headers
-from slidegate.heap import Remembered
+from slidegate.heap import Heap
 from slidegate.limiter import Descriptor, InvalidOverride, Limiter, Override, Plan, Status
 from slidegate.metrics import LimitCounters, Metrics
 from slidegate.text import printable
@@ -43,7 +43,7 @@ Context = grpc.aio.ServicerContext[bytes, rls_pb2.RateLimitResponse]
 # Bounds on one request's shape, far above what an Envoy route can be configured to send, so that one call
 # cannot stall the service or Redis. Text has no bound of its own: a value is a client's header, path or
 # address, and Envoy forwards headers of up to 60 KiB (8 MiB when configured), so any length the message size
-# allows (GRPC_MAX_RECV_MESSAGE_SIZE) is limited like any other (long text is kept as its digest, slidegate.keys).
+# allows (GRPC_MAX_RECV_MSG_SIZE) is limited like any other (long text is kept as its digest, slidegate.keys).
 MAX_DESCRIPTORS = 1000
 MAX_ENTRIES = 64
 PREPARED_REQUESTS = 10_000  # requests remembered by their bytes (see RateLimitService)
@@ -182,12 +182,12 @@ class RateLimitService:
 
     def __init__(
         self, limiter: Limiter, options: AnswerOptions = AnswerOptions(), metrics: Metrics | None = None,
-        remembered: Remembered | None = None,
+        heap: Heap | None = None,
     ) -> None:
         self._limiter = limiter
         self._options = options
         self.metrics = metrics or Metrics()
-        self._remembered = remembered  # keeps collection pauses short (slidegate.heap), in slidegate serve
+        self._heap = heap  # keeps collection pauses short and memory returned (slidegate.heap), in slidegate serve
         self._prepared: dict[bytes, Prepared] = {}
         self._prepared_config: object = None  # the config every remembered request was matched against
         self._outage = OutageLog()
@@ -235,11 +235,13 @@ class RateLimitService:
             if len(self._prepared) >= PREPARED_REQUESTS or prepared.plan.config is not self._prepared_config:
                 self._prepared.clear()
                 self._prepared_config = prepared.plan.config
-                if self._remembered is not None:
-                    self._remembered.cleared()
+                if self._heap is not None:
+                    self._heap.forgot()
             self._prepared[data] = prepared
-            if self._remembered is not None:
-                self._remembered.added()
+            if self._heap is not None:
+                self._heap.remembered()
+        elif self._heap is not None:
+            self._heap.received(len(data))
         return prepared
 
     def prepare(self, domain: str, descriptors: list[Descriptor], hits_addend: int = 0) -> Prepared:

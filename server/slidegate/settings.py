@@ -16,7 +16,7 @@ from typing import Any
 
 from slidegate.algorithms import Algorithm
 
-DEFAULT_MAX_RECV_MSG_SIZE = 1024 * 1024  # bytes: Envoy's default 60 KiB of headers, many times over
+DEFAULT_MAX_RECV_MSG_SIZE = 4 * 1024 * 1024  # bytes: gRPC's own default, as envoyproxy/ratelimit's
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|h)?\s*$")
 _SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -201,7 +201,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("grpc_max_recv_msg_size", "GRPC_MAX_RECV_MSG_SIZE", "--grpc-max-recv-msg-size",
          str(DEFAULT_MAX_RECV_MSG_SIZE), _message_size,
          "largest request accepted, in bytes (larger ones are refused with RESOURCE_EXHAUSTED before they are "
-         "read); the default fits every descriptor value Envoy forwards with its default 60 KiB header limit"),
+         "read, and Envoy lets them through); the default holds a route's descriptors naming a header or the "
+         "path 68 times at Envoy's default 60 KiB header limit: raise it with max_request_headers_kb"),
     Spec("grpc_server_use_tls", "GRPC_SERVER_USE_TLS", "--grpc-server-use-tls", "false", _bool,
          "serve gRPC over TLS"),
     Spec("grpc_server_tls_cert", "GRPC_SERVER_TLS_CERT", "--grpc-server-tls-cert", "", str,
