@@ -303,6 +303,12 @@ async def test_remembered_requests_are_bounded(write_config: Callable[..., Path]
             for remaining in (1, 0):
                 assert (await stub.ShouldRateLimit(big)).statuses[0].limit_remaining == remaining
             assert big.SerializeToString() not in remembered
+            # small in bytes, many in entries (empty entries cost two bytes each, hundreds in memory)
+            many = request("api", descriptor(("client", "m")), *[descriptor(*[("", "")] * 8)] * 2)
+            assert len(many.SerializeToString()) < service_module.PREPARED_MAX_BYTES
+            for remaining in (1, 0):
+                assert (await stub.ShouldRateLimit(many)).statuses[0].limit_remaining == remaining
+            assert many.SerializeToString() not in remembered
     finally:
         await backend.close()
 
