@@ -274,3 +274,14 @@ async def test_a_live_idle_connection_is_seen_as_open(redis_url: str, key_prefix
         assert backend._idle and not any(_closed_by_redis(c) for c in backend._idle)
     finally:
         await backend.close()
+
+
+async def test_a_batch_carries_at_most_its_weight_and_a_heavy_item_goes_alone() -> None:
+    # a few requests of a thousand limits must not make everyone's round trip outlast REDIS_TIMEOUT
+    recorder = Recorder()
+    batcher = Batcher(recorder.send, max_in_flight=1, weight=lambda item: item, max_weight=10)
+    calls = [asyncio.create_task(batcher.submit(i)) for i in (1, 4, 5, 3, 20, 2)]
+    await asyncio.sleep(0.01)
+    recorder.release.set()
+    assert await asyncio.gather(*calls) == [10, 40, 50, 30, 200, 20]
+    assert recorder.batches == [[1], [4, 5], [3], [20], [2]]

@@ -27,12 +27,17 @@ class Batcher(Generic[Item, Result]):
     ``batch_timeout``: seconds a batch may take before it is cut off (its task cancelled) and its callers
     still waiting get TimeoutError (LATE_TIMER more, once, when the cut-off itself came late: this process was
     held up, and Redis's answer may be waiting unread); None: no bound.
-    ``on_cut_off`` is called for each batch cut off."""
+    ``on_cut_off`` is called for each batch cut off. A batch carries items of ``max_weight`` at most together
+    (by ``weight``), so that a few heavy items cannot make every other item's round trip long; an item heavier
+    than that goes alone."""
 
     def __init__(self, send: Callable[[list[Item]], Awaitable[Sequence[Result | Exception]]], max_in_flight: int = 2,
-                 batch_timeout: float | None = None, on_cut_off: Callable[[], object] = lambda: None) -> None:
+                 batch_timeout: float | None = None, on_cut_off: Callable[[], object] = lambda: None,
+                 weight: Callable[[Item], int] = lambda _: 1, max_weight: int = 2**31) -> None:
         self._send = send
         self._max_in_flight = max_in_flight
+        self._weight = weight
+        self._max_weight = max_weight
         self._batch_timeout = batch_timeout
         self._on_cut_off = on_cut_off
         self._in_flight = 0
@@ -59,9 +64,17 @@ class Batcher(Generic[Item, Result]):
         return await future
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        batch = [(item, future) for item, future in self._waiting if not future.done()]
-        self._waiting = []
-        if batch:
+        while self._in_flight < self._max_in_flight:
+            waiting = [(item, future) for item, future in self._waiting if not future.done()]
+            batch, rest, weight = waiting, [], 0
+            for i, (item, _) in enumerate(waiting):
+                weight += self._weight(item)
+                if i and weight > self._max_weight:  # one heavy item still goes, alone
+                    batch, rest = waiting[:i], waiting[i:]
+                    break
+            self._waiting = rest
+            if not batch:
+                return
             self._in_flight += 1
             expired: list[bool] = []
             task = loop.create_task(self._run(batch, expired))

@@ -69,6 +69,9 @@ __all__ = ["RedisBackend", "TlsOptions", "Topology", "check_url", "redact"]
 log = logging.getLogger(__name__)
 
 Receipt = tuple[int, int]  # what one slot's call wrote for a limit (lua/decide.lua), to undo it
+# Limits one script call decides at most for a batch of requests (a larger request goes alone): eight callers'
+# requests of 1,000 descriptors in one call outlasted REDIS_TIMEOUT, and every request batched with them failed
+MAX_BATCH_CHECKS = 256
 
 
 class Unconfirmed(BackendUnavailable):
@@ -144,7 +147,8 @@ class RedisBackend:
         # would otherwise hold its place in flight for good; cut off, its connection is closed in _direct)
         self._batcher: Batcher[tuple[Sequence[Check], str | int], Decision] = Batcher(
             self._decide_many, batch_timeout=timeout,
-            on_cut_off=lambda: self._failed(f"no answer within {timeout * 1000:.0f} ms"))
+            on_cut_off=lambda: self._failed(f"no answer within {timeout * 1000:.0f} ms"),
+            weight=lambda request: len(request[0]), max_weight=MAX_BATCH_CHECKS)
         self._script = lua_script([a.value for a in Algorithm])
         self._sha = hashlib.sha1(self._script.encode()).hexdigest()
         # round trips at Redis now (their start, by a number of their own) and Redis's last answer: how long it
