@@ -9,7 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from slidegate.cli import main
 from slidegate.client import (
     AsyncRateLimitClient,
     InProcessLimiter,
@@ -116,3 +118,16 @@ def test_the_client_command_reads_commas_and_equals_in_values() -> None:
     assert _split_entries("path=/a=b,x=y") == ["path=/a=b", "x=y"]  # '=' after the first is the value's
     assert _split_entries(r"q=a\,b,r=c\\d") == ["q=a,b", r"r=c\d"]
     assert _split_entries("k=") == ["k="]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--descriptor", "k=\udcff"), "Invalid value for --descriptor: b'k=\\xff' is not UTF-8"),
+    (("--descriptor", "k=v", "--domain", "\udcfe"), "Invalid value for --domain: b'\\xfe' is not UTF-8"),
+    (("--descriptor", "k=v", "--timeout", "nan"), "Invalid value for --timeout: nan is not a number of seconds"),
+    (("--descriptor", "k=v", "--timeout", "1e300"), "Invalid value for --timeout: 1e+300 is not a number of"),
+])
+def test_the_client_command_refuses_arguments_it_cannot_send(args: tuple[str, ...], message: str) -> None:
+    # exit code 1 means over limit: a traceback's 1 read as a rejection
+    result = CliRunner().invoke(main, ["client", "--domain", "d", "--target", "127.0.0.1:1", *args])
+    assert result.exit_code == 2
+    assert message in result.output

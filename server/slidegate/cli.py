@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -117,6 +118,15 @@ def _split_entries(text: str) -> list[str]:
     return entries
 
 
+def _check_utf8(text: str, option: str) -> None:
+    """Raise BadParameter (exit code 2) for an argument that is not UTF-8: a request carries UTF-8 text only."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise click.BadParameter(f"{text.encode('utf-8', 'surrogateescape')!r} is not UTF-8",
+                                 param_hint=option) from None
+
+
 @main.command()
 @click.option("--target", default="127.0.0.1:8081", show_default=True, help="host:port of the rate-limit service.")
 @click.option("--domain", required=True, help="Rate-limit domain.")
@@ -143,8 +153,12 @@ def client(target: str, domain: str, descriptors: tuple[str, ...], hits: int, ti
 
     from slidegate.client import RateLimitClient, RateLimitUnavailable
 
+    if not math.isfinite(timeout) or timeout > 3600:
+        raise click.BadParameter(f"{timeout} is not a number of seconds up to 3600", param_hint="--timeout")
+    _check_utf8(domain, "--domain")
     specs = []
     for text in descriptors:
+        _check_utf8(text, "--descriptor")
         entries = []
         for pair in _split_entries(text):
             key, sep, value = pair.partition("=")
