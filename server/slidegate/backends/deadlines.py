@@ -82,6 +82,7 @@ class LoopWatch:
     evidence about Redis: its answer may have come meanwhile and not been read yet."""
 
     TICK = 0.005
+    UNSEEN = TICK + LATE_TIMER  # the longest stall the watch may not have seen (one that did not delay a tick)
 
     def __init__(self, busy: Callable[[], bool]) -> None:
         self._busy = busy
@@ -99,13 +100,13 @@ class LoopWatch:
 
     def steady_since(self, now: float) -> float:
         """When the loop last resumed from a stall (``now`` when that cannot be told: no tick seen lately)."""
-        if now - self._last_tick > self.TICK + LATE_TIMER:
+        if now - self._last_tick > self.UNSEEN:
             return now
         return self._resumed
 
     def _tick(self) -> None:
         now = time.monotonic()
-        if now - self._last_tick > self.TICK + LATE_TIMER:
+        if now - self._last_tick > self.UNSEEN:
             self._resumed = now
         self._last_tick = now
         assert self._loop is not None

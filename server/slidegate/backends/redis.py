@@ -186,7 +186,8 @@ class RedisBackend:
             now = time.monotonic()
             oldest = next(iter(self._asked.values()))  # round trips are kept in the order they began
             silent = now - max(self._last_answer, oldest, self._watch.steady_since(now))
-            if silent >= timeout:
+            # a stall of ours shorter than the watch can tell (LoopWatch.UNSEEN) may hide in that silence
+            if silent >= timeout + LoopWatch.UNSEEN:
                 raise BackendUnavailable(f"{self.describe()}: silent for {silent * 1000:.0f} ms, longer than the "
                                          f"call can wait ({timeout * 1000:.0f} ms)")
         clock: str | int = "" if now_us is None else now_us
