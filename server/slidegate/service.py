@@ -237,10 +237,10 @@ class RateLimitService:
             # cheaper than tracking use, and only costs a re-match; after a reload the remembered requests of
             # the old config go at once, or each would keep that whole config alive
             if len(self._prepared) >= PREPARED_REQUESTS or prepared.plan.config is not self._prepared_config:
-                self._prepared.clear()
+                forgotten, self._prepared = self._prepared, {}
                 self._prepared_config = prepared.plan.config
                 if self._heap is not None:
-                    self._heap.forgot()
+                    self._heap.forgot(forgotten)
             self._prepared[data] = prepared
             if self._heap is not None:
                 self._heap.remembered()
