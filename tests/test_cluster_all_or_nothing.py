@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -248,6 +249,43 @@ async def test_a_caller_that_stops_waiting_does_not_stop_the_undo(start: Start, 
         assert await remaining(limiter, "org", "acme") == 0
     finally:
         node.close()
+        await backend.close()
+
+
+async def test_a_cluster_down_for_a_moment_is_waited_out(start: Start, cluster: Cluster) -> None:
+    # while a slot has no master, every node answers CLUSTERDOWN (cluster-require-full-coverage): the command did
+    # not run, so it is tried again within the call's time. Here the undo meets it: the org's slot admitted at
+    # once, the user's (paused) rejected 0.2 s later, and by then the org's master says CLUSTERDOWN; given up,
+    # the undo would have left the rejected request's hit counted on the org
+    limiter, backend = start(10, 1, LOG)
+    prefix = limiter._options.key_prefix
+    org_key = limit_key(prefix, LOG.value, "o", [("org", "acme")])
+    org_master = cluster.master_of(org_key)
+    user = next(f"u{u}" for u in range(100)
+                if cluster.master_of(limit_key(prefix, LOG.value, "o", [("user", f"u{u}")])) is not org_master)
+    org_node = cluster.client(org_master)
+    user_node = cluster.client(cluster.master_of(limit_key(prefix, LOG.value, "o", [("user", user)])))
+    served = [(a, b) for a, b, owner, *_ in org_node.execute_command("CLUSTER", "SLOTS") if owner[1] == org_master.port]
+    gone = next(slot for slot in range(16384)
+                if slot != key_slot(org_key.encode()) and any(a <= slot <= b for a, b in served))
+
+    def hole() -> None:
+        time.sleep(0.05)
+        org_node.execute_command("CLUSTER", "DELSLOTS", gone)
+        time.sleep(0.3)
+        org_node.execute_command("CLUSTER", "ADDSLOTS", gone)
+
+    try:
+        assert admitted(await limiter.should_rate_limit("o", both("acme", user)))  # the user's one
+        user_node.execute_command("CLIENT", "PAUSE", 200, "WRITE")
+        holing = asyncio.create_task(asyncio.to_thread(hole))
+        [org, user_status] = await limiter.should_rate_limit("o", both("acme", user), timeout=2.0)
+        await holing
+        assert (org.over, user_status.over, org.degraded) == (False, True, None)
+        assert await remaining(limiter, "org", "acme") == 9  # the rejected request's org hit was taken back
+    finally:
+        org_node.close()
+        user_node.close()
         await backend.close()
 
 

@@ -162,6 +162,40 @@ async def test_cluster_follows_a_slot_moving_under_traffic(cluster: Cluster, con
         await backend.close()
 
 
+async def test_a_domain_slot_moving_with_many_keys_fails_no_call(cluster: Cluster, config: Config) -> None:
+    # REDIS_HASH_TAG=domain: every key of the domain in one slot, and a migration keeps a call's keys split for as
+    # long as it takes to move them all (TRYAGAIN), far longer than sixteen quick tries
+    limiter, backend = make_limiter(config, Topology("cluster", cluster.url, auth=(None, PASSWORD)), domain_slot=True)
+    key = limit_key(limiter._options.key_prefix, "sliding_window_log", "t", [("k", "moving")], domain_slot=True)
+    for u in range(300):
+        await limiter.should_rate_limit("t", [d("k", f"u{u}")])
+    source = cluster.master_of(key)
+    target = next(n for n in cluster.masters() if n is not source)
+    errors: list[BaseException] = []
+    sent = 0
+    stop = asyncio.Event()
+
+    async def traffic(worker: int) -> None:
+        nonlocal sent
+        while not stop.is_set():
+            try:
+                await limiter.should_rate_limit("t", [d("k", "moving"), d("k", f"u{(sent + worker) % 300}")])
+                sent += 1
+            except Exception as exc:  # every failure is the test's finding
+                errors.append(exc)
+                return
+
+    workers = [asyncio.create_task(traffic(w)) for w in range(4)]
+    try:
+        await asyncio.to_thread(cluster.move_slot, slot(key), source, target)
+    finally:
+        stop.set()
+        await asyncio.gather(*workers)
+        await backend.close()
+    assert errors == [], [repr(e) for e in errors]
+    assert sent > 20
+
+
 @dataclass
 class Traffic:
     """Requests sent one after another by a few workers, each answer's time and kind recorded."""

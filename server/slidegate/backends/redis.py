@@ -58,7 +58,7 @@ from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded,
 from slidegate.backends.batching import Batcher
 from slidegate.backends.breaker import Breaker
 from slidegate.backends.deadlines import LoopWatch
-from slidegate.backends.redis_cluster import ClusterRouter
+from slidegate.backends.redis_cluster import RETRY_FOR, ClusterRouter
 from slidegate.backends.redis_connect import TlsOptions, Topology, check_url, make_client, redact
 from slidegate.backends.redis_sentinel import SentinelMaster
 from slidegate.logs import Repeated
@@ -158,8 +158,9 @@ class RedisBackend:
         self._last_answer = 0.0
         self._watch = LoopWatch(lambda: bool(self._asked))
         # a token bucket's hold waits this long for its undo (a decision and a compensating call, each within
-        # the timeout), then is confirmed: an undo arriving later gives nothing back
-        self._hold_us = round((2 * timeout + 0.1) * 1_000_000)
+        # the timeout, the call tried again while the cluster says CLUSTERDOWN or TRYAGAIN), then is confirmed:
+        # an undo arriving later gives nothing back
+        self._hold_us = round((2 * timeout + RETRY_FOR + 0.1) * 1_000_000)
         self._undoing: set[asyncio.Task[None]] = set()  # compensating calls that outlived their request
         self._undo_failed = Repeated(log, self.describe().replace("%", "%%") + ": a compensating call failed, so "
                                      "the hits of a rejected request stay counted on some limits until they leave "

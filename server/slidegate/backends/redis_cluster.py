@@ -7,9 +7,13 @@ another (so a slot being migrated answers MOVED/ASK back and forth until "TTL ex
 MOVED it closes every connection, failing calls in flight that may already have counted their hits.
 
 Here ASKING and the command travel together on one connection, MOVED updates the slot table for later calls,
-and TRYAGAIN (keys of one call split by a migration) waits briefly and tries again: each of those replies
-means the command did not run, so sending it again cannot count a hit twice. Connection errors and timeouts
-are raised, never retried, and make the next call read the topology again.
+and TRYAGAIN (keys of one call split by a migration) and CLUSTERDOWN (some slot has no master: with Redis's
+default cluster-require-full-coverage, every node refuses every command for the second or so until a replica
+is promoted) wait briefly and try again, for RETRY_FOR seconds at most (a call's own timeout ends it sooner):
+each of those replies means the command did not run, so sending it again cannot count a hit twice. A
+migration of a slot with many keys keeps it split for longer than any number of quick redirections would
+allow. Connection errors and timeouts are raised, never retried, and make the next call read the topology
+again.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from redis.exceptions import (
 )
 
 MAX_REDIRECTIONS = 16  # as redis-py: a slot cannot move more often than this during one call
-TRYAGAIN_PAUSE = 0.01  # seconds; a migration moves the keys of one slot in milliseconds
+TRYAGAIN_PAUSE = 0.01  # seconds between tries after TRYAGAIN or CLUSTERDOWN
+RETRY_FOR = 5.0  # seconds those replies are tried again at most: a migration, a master's replica promoted
 
 
 class ClusterRouter:
@@ -68,13 +73,18 @@ class ClusterRouter:
             self._stale = True  # a slot no master serves (mid-failover): read the topology again next time
             raise
         asking = False
-        for _ in range(MAX_REDIRECTIONS):
+        redirections = 0
+        loop = asyncio.get_running_loop()
+        since = loop.time()
+        while redirections < MAX_REDIRECTIONS:
             try:
                 return await self._send(node, command, asking)
             except MovedError as e:  # the slot has a new owner: for this call and every later one
+                redirections += 1
                 await self._client.nodes_manager.move_slot(e)
                 node, asking = self._client.nodes_manager.get_node_from_slot(slot), False
             except AskError as e:  # the slot is migrating and the key is already on the target: this once
+                redirections += 1
                 target = self._client.nodes_manager.get_node(host=e.host, port=e.port)
                 if target is None:
                     self._stale = True
@@ -83,7 +93,9 @@ class ClusterRouter:
                 if target is None:
                     raise
                 node, asking = target, True
-            except TryAgainError:
+            except (TryAgainError, ClusterDownError):
+                if loop.time() - since > RETRY_FOR:
+                    raise
                 await asyncio.sleep(TRYAGAIN_PAUSE)
             except ResponseError:
                 raise
