@@ -405,3 +405,16 @@ async def test_calls_outliving_their_deadline_end_without_a_grpc_error_log(
     assert grpc.StatusCode.DEADLINE_EXCEEDED in codes
     assert set(codes) <= {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE}
     assert "Traceback" not in served.output()
+
+
+def test_a_flapping_redis_is_one_breaker_line_every_ten_seconds(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    breaker = Breaker(failures=1, open_after=0.0, cooldown=1.0, clock=lambda: now[0])
+    for _ in range(20):  # hung a second out of every three
+        breaker.failed("no answer")
+        assert breaker.is_open
+        now[0] += 1.0
+        breaker.answered()
+        now[0] += 2.0
+    lines = [r.getMessage() for r in caplog.records if r.name == "slidegate.backends.breaker"]
+    assert len(lines) == 1 and lines[0].startswith("storage failing for 0.0 s (1 failed round trips")

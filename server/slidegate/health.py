@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
 from slidegate.backends.base import Backend
+from slidegate.logs import Repeated
 
 log = logging.getLogger(__name__)
 HEALTH_SERVICES = ("", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService")
@@ -29,6 +30,9 @@ class Health:
         self.storage_ok = False
         self.draining = False
         self._published: bool | None = None
+        # a Redis that flaps changes the state every few seconds: one line of each every 10 s, with a count
+        self._lost = Repeated(log, "health: the storage does not answer (%s)")
+        self._back = Repeated(log, "health: the storage answers again; %s")
 
     @property
     def serving(self) -> bool:
@@ -56,9 +60,9 @@ class Health:
             except Exception as exc:  # BackendUnavailable, or anything unexpected: not serving either way
                 ok = False
                 if self.storage_ok or first:
-                    log.warning("health: the storage does not answer (%s)", exc)
+                    self._lost(str(exc))
             if ok and not self.storage_ok and not first:
-                log.warning("health: the storage answers again; serving")
+                self._back("serving")
             first = False
             self.storage_ok = ok
             if self.serving != self._published:

@@ -215,14 +215,14 @@ class RateLimitService:
         try:
             # answer within the caller's deadline (Envoy sends its filter timeout as the gRPC deadline)
             return await self.answer(prepared, context.time_remaining())
-        except DeadlineExceeded:
+        except BackendUnavailable as exc:
             remaining = context.time_remaining()
             if remaining is not None and remaining <= 0:
                 # gRPC ends a call at its deadline itself (DEADLINE_EXCEEDED) and cancels this task; a status
                 # sent here races that end and gRPC logs the lost race as an ExecuteBatchError traceback
                 raise asyncio.CancelledError from None
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline ran out")
-        except BackendUnavailable:
+            if isinstance(exc, DeadlineExceeded):
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline ran out")
             await context.abort(grpc.StatusCode.UNAVAILABLE, "rate limit storage unavailable")
 
     def _prepare_bytes(self, data: bytes) -> Prepared:

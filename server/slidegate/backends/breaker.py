@@ -21,6 +21,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from slidegate.logs import Repeated
+
 log = logging.getLogger(__name__)
 
 
@@ -38,6 +40,7 @@ class Breaker:
         self._opened_at: float | None = None
         self._next_probe = 0.0
         self.reason = ""  # the last failure's
+        self._opened = Repeated(log, "%s")  # a Redis that flaps opens it every few seconds
 
     @property
     def is_open(self) -> bool:
@@ -68,6 +71,6 @@ class Breaker:
                 and now - self._first_failure >= self._open_after):
             self._opened_at = now
             self._next_probe = now + self._cooldown
-            log.warning("storage failing for %.1f s (%d failed round trips, the last: %s): calls fail at once "
-                        "until a probe every %.0f s gets an answer", now - self._first_failure, self._failures,
-                        reason, self._cooldown)
+            self._opened(f"storage failing for {now - self._first_failure:.1f} s ({self._failures} failed round "
+                         f"trips, the last: {reason}): calls fail at once until a probe every {self._cooldown:.0f} "
+                         "s gets an answer")
