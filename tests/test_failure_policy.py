@@ -155,15 +155,18 @@ async def test_the_callers_deadline_is_not_a_redis_failure(private_redis: RedisS
     await backend.decide(checks)
     assert private_redis.process is not None
     private_redis.process.send_signal(signal.SIGSTOP)  # a pause far shorter than REDIS_TIMEOUT
+    kinds = []
     try:
-        for _ in range(2):
-            with pytest.raises(DeadlineExceeded):
+        started = time.monotonic()
+        while time.monotonic() - started < 0.3:
+            # at first each call waits out its deadline; once Redis has been silent longer than a caller can
+            # wait (and than a stall of ours could hide), each is told at once
+            with pytest.raises(BackendUnavailable) as caught:
                 await backend.decide(checks, timeout=0.02)
-        for _ in range(3):  # Redis silent longer than these callers can wait (and a stall of ours): told at once
-            with pytest.raises(BackendUnavailable, match="silent for"):
-                await backend.decide(checks, timeout=0.02)
+            kinds.append(type(caught.value))
     finally:
         private_redis.process.send_signal(signal.SIGCONT)
+    assert kinds[0] is DeadlineExceeded and BackendUnavailable in kinds
     assert not breaker.is_open
     assert (await backend.decide(checks)).admitted
     await backend.close()
@@ -362,7 +365,7 @@ async def test_a_redis_silent_longer_than_a_caller_can_wait_gets_the_failure_mod
     private_redis.process.send_signal(signal.SIGSTOP)
     try:
         first = asyncio.create_task(service.decide("f", descriptors, 0, timeout=1.0))  # waits: it has time
-        await asyncio.sleep(0.06)  # longer than a caller of 20 ms can wait, and than a stall of ours might hide
+        await asyncio.sleep(0.2)  # longer than a caller of 20 ms can wait, and than a stall of ours might hide
         started = time.monotonic()
         # Envoy's 20 ms: Redis has already been silent longer than that
         codes = [(await service.decide("f", descriptors, 0, timeout=0.02)).overall_code for _ in range(20)]
