@@ -379,7 +379,8 @@ def restart(server: RedisServer) -> float | None:
 
 def hostile(_topology: Topology, port: int, run: str) -> float | None:
     """Another client sends, for 4 s as fast as it can, 60 KB values (all naming one key limited to 5 an hour),
-    malformed and oversized messages, and requests of 15 descriptors of 64 entries of 1,000 characters."""
+    malformed messages, messages over GRPC_MAX_RECV_MSG_SIZE, and requests of 15 descriptors of 64 entries of
+    1,000 characters."""
 
     async def attack() -> int:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}",
@@ -389,7 +390,7 @@ def hostile(_topology: Topology, port: int, run: str) -> float | None:
             long_value = single_request("api_key", f"{run}-" + "k" * 60_000)
             many = rls_pb2.RateLimitRequest(domain="faults", descriptors=[ratelimit_pb2.RateLimitDescriptor(
                 entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key="k", value="v" * 1000)] * 64)] * 15)
-            bodies = [long_value, b"\xff\xff\xff", b"\x0a" * 4_000_000, many.SerializeToString()]
+            bodies = [long_value, b"\xff\xff\xff", b"\x0a" * 5_000_000, many.SerializeToString()]  # 5 MB: refused
             ended = time.monotonic() + 4
             admitted = 0
             while time.monotonic() < ended:
