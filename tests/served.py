@@ -69,7 +69,10 @@ class Starter:
         served = Served(process, grpc_port, http_port, debug_port, log)
         self.started.append(served)
         if wait:
-            stack.wait_grpc_serving(grpc_port)
+            try:
+                stack.wait_grpc_serving(grpc_port)
+            except TimeoutError as exc:  # say why: the process's own words
+                raise TimeoutError(f"{exc} (exit code {process.poll()}); its log:\n{served.output()[-3000:]}") from exc
         return served
 
     def stop_all(self) -> None:
