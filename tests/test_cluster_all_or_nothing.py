@@ -289,6 +289,34 @@ async def test_a_cluster_down_for_a_moment_is_waited_out(start: Start, cluster: 
         await backend.close()
 
 
+async def test_a_slot_call_kept_back_past_the_callers_time_is_never_sent(start: Start, cluster: Cluster) -> None:
+    # CLUSTERDOWN for longer than the caller waits: its slot calls are given up (they never ran), not sent once
+    # the cluster is back, which would count hits for a request answered with an error long before
+    limiter, backend = start(10, 10, LOG)
+    prefix = limiter._options.key_prefix
+    org_key = limit_key(prefix, LOG.value, "o", [("org", "acme")])
+    org_master = cluster.master_of(org_key)
+    org_node = cluster.client(org_master)
+    served = [(a, b) for a, b, owner, *_ in org_node.execute_command("CLUSTER", "SLOTS") if owner[1] == org_master.port]
+    gone = next(slot for slot in range(16384)
+                if slot != key_slot(org_key.encode()) and any(a <= slot <= b for a, b in served))
+    try:
+        org_node.execute_command("CLUSTER", "DELSLOTS", gone)
+        try:
+            for u in range(5):
+                with pytest.raises(BackendUnavailable):
+                    await limiter.should_rate_limit("o", both("acme", f"v{u}"), timeout=0.1)
+            await asyncio.sleep(0.3)
+        finally:
+            org_node.execute_command("CLUSTER", "ADDSLOTS", gone)
+        await asyncio.sleep(0.5)  # the cluster is whole again
+        assert await remaining(limiter, "org", "acme") == 10
+        assert {await remaining(limiter, "user", f"v{u}") for u in range(5)} == {10}
+    finally:
+        org_node.close()
+        await backend.close()
+
+
 def test_the_single_redis_path_sends_no_receipts(redis_url: str, key_prefix: str) -> None:
     # receipts cost nothing where no request is undone: one Redis gets the plain call and the plain reply
     async def run() -> tuple[tuple[str | int, ...], list[int]]:
@@ -297,8 +325,8 @@ def test_the_single_redis_path_sends_no_receipts(redis_url: str, key_prefix: str
             calls: list[tuple[tuple[str | int, ...], list[int]]] = []
             execute = backend._execute
 
-            async def spy(keys: list[str], *command: str | int) -> list[int]:
-                reply: list[int] = await execute(keys, *command)  # a NOSCRIPT is sent again as EVAL
+            async def spy(keys: list[str], until: float | None, *command: str | int) -> list[int]:
+                reply: list[int] = await execute(keys, until, *command)  # a NOSCRIPT is sent again as EVAL
                 calls.append((command, reply))
                 return reply
 

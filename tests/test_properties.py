@@ -105,8 +105,8 @@ class KeptAlive(RedisBackend):
         super().__init__(redis_url, timeout=2)
         self._function = function
 
-    async def _eval(self, keys: list[str], args: list[str | int]) -> list[int]:
-        return await self._execute(keys, "FCALL", self._function, len(keys), *keys, *args)
+    async def _eval(self, keys: list[str], args: list[str | int], until: float | None = None) -> list[int]:
+        return await self._execute(keys, until, "FCALL", self._function, len(keys), *keys, *args)
 
 
 @pytest.fixture(scope="module")

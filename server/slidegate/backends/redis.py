@@ -158,9 +158,9 @@ class RedisBackend:
         self._last_answer = 0.0
         self._watch = LoopWatch(lambda: bool(self._asked))
         # a token bucket's hold waits this long for its undo (a decision and a compensating call, each within
-        # the timeout, the call tried again while the cluster says CLUSTERDOWN or TRYAGAIN), then is confirmed:
-        # an undo arriving later gives nothing back
-        self._hold_us = round((2 * timeout + RETRY_FOR + 0.1) * 1_000_000)
+        # the timeout), then is confirmed: an undo arriving later gives nothing back. Longer holds would cost
+        # every admitted request spanning slots (several holds give back less than exact, and each is a field)
+        self._hold_us = round((2 * timeout + 0.1) * 1_000_000)
         self._undoing: set[asyncio.Task[None]] = set()  # compensating calls that outlived their request
         self._undo_failed = Repeated(log, self.describe().replace("%", "%%") + ": a compensating call failed, so "
                                      "the hits of a rejected request stay counted on some limits until they leave "
@@ -223,7 +223,10 @@ class RedisBackend:
             return await self._decide_in_slots(checks, clock)
         # a check-only shadow stands in for each give-back: the limit as it stands, never a rejection
         first = [dataclasses.replace(c, hits=0, shadow=True) if c.hits < 0 else c for c in checks]
-        slots = asyncio.gather(*(self._decide_undoable([first[i] for i in g], clock) for g in groups),
+        # shielded from the caller's deadline, so that what they did is settled; bounded by it all the same (a slot
+        # call not sent by then is not sent at all, and counts as failed)
+        until = scope.when()
+        slots = asyncio.gather(*(self._decide_undoable([first[i] for i in g], clock, until) for g in groups),
                                return_exceptions=True)
         try:
             parts = await asyncio.shield(slots)
@@ -261,13 +264,14 @@ class RedisBackend:
                 outcomes[i] = outcome
         return Decision(all(d.admitted for [d] in decisions), outcomes)
 
-    async def _decide_undoable(self, checks: Sequence[Check], clock: str | int) -> _Part:
-        """One slot's ``checks`` as a request that may be undone (lua/decide.lua: -n and the holds' lifetime)."""
+    async def _decide_undoable(self, checks: Sequence[Check], clock: str | int, until: float | None) -> _Part:
+        """One slot's ``checks`` as a request that may be undone (lua/decide.lua: -n and the holds' lifetime),
+        sent before ``until`` (the event loop's time) or not at all."""
         keys = [c.key for c in checks]
         args: list[str | int] = [clock, 1, -len(checks), self._hold_us]
         for c in checks:
             args += _limit_args(c)
-        reply = await self._eval(keys, args)
+        reply = await self._eval(keys, args, until)
         outcomes, unchanged, receipts = [], [], []
         for i in range(1, 1 + 7 * len(checks), 7):
             over, remaining, reset, before, before_reset, r1, r2 = (int(x) for x in reply[i:i + 7])
@@ -298,16 +302,18 @@ class RedisBackend:
             self._undo_failed(_reason(failure))
 
     async def _undo(self, undo: list[tuple[Check, Receipt]], clock: str | int) -> None:
-        """One compensating call per slot (lua/decide.lua's undo)."""
+        """One compensating call per slot (lua/decide.lua's undo), tried again while the cluster says CLUSTERDOWN
+        or TRYAGAIN for RETRY_FOR seconds (a token bucket's hold, confirmed sooner, then gives nothing back)."""
         slots: dict[int, list[tuple[Check, Receipt]]] = {}
         for item in undo:
             slots.setdefault(self._slot(item[0].key), []).append(item)
         calls = []
+        until = asyncio.get_running_loop().time() + RETRY_FOR
         for items in slots.values():
             args: list[str | int] = [clock, "undo", len(items)]
             for c, (r1, r2) in items:
                 args += (c.algorithm.value, *c.params(), r1, r2)
-            calls.append(self._eval([c.key for c, _ in items], args))
+            calls.append(self._eval([c.key for c, _ in items], args, until))
         for result in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(result, BaseException):
                 raise result
@@ -360,34 +366,43 @@ class RedisBackend:
                 raise decision
         return decisions  # type: ignore[return-value]  # none is Unconfirmed
 
-    async def _eval(self, keys: list[str], args: list[str | int]) -> list[int]:
-        async with self._permits:
+    async def _eval(self, keys: list[str], args: list[str | int], until: float | None = None) -> list[int]:
+        """The script's reply; ``until`` (the event loop's time): a call not sent by then is not sent (on a cluster,
+        TimeoutError waiting for a connection, or the CLUSTERDOWN or TRYAGAIN reply that kept it back)."""
+        if until is None:
+            await self._permits.acquire()
+        else:
+            async with asyncio.timeout_at(until):
+                await self._permits.acquire()
+        try:
             try:
-                return await self._execute(keys, "EVALSHA", self._sha, len(keys), *keys, *args)
+                return await self._execute(keys, until, "EVALSHA", self._sha, len(keys), *keys, *args)
             except NoScriptError:
                 # Nothing ran. EVAL caches the script on the node that runs it (a new master after a failover).
-                return await self._execute(keys, "EVAL", self._script, len(keys), *keys, *args)
+                return await self._execute(keys, until, "EVAL", self._script, len(keys), *keys, *args)
+        finally:
+            self._permits.release()
 
-    async def _execute(self, keys: list[str], *command: str | int) -> list[int]:
+    async def _execute(self, keys: list[str], until: float | None, *command: str | int) -> list[int]:
         asking = next(self._asking)
         self._asked[asking] = time.monotonic()
         self._watch.watch(asyncio.get_running_loop())
         try:
             try:
-                return await self._round_trip(keys, command)
+                return await self._round_trip(keys, command, until)
             except ReadOnlyError:
                 if self._master is None:
                     raise
                 # a replica, so nothing was written (see the module docstring): once more, to the master the
                 # Sentinels name now (a second READONLY fails the call)
-                return await self._round_trip(keys, command)
+                return await self._round_trip(keys, command, until)
         finally:
             del self._asked[asking]
 
-    async def _round_trip(self, keys: list[str], command: tuple[str | int, ...]) -> list[int]:
+    async def _round_trip(self, keys: list[str], command: tuple[str | int, ...], until: float | None) -> list[int]:
         if self._router is not None:
             try:
-                reply: list[int] = await self._router.execute(keys[0], *command)
+                reply: list[int] = await self._router.execute(keys[0], *command, until=until)
             except ResponseError:
                 self._answered()  # an error reply: Redis is there
                 raise

@@ -62,8 +62,9 @@ class ClusterRouter:
     def slot(self, key: str) -> int:
         return self._client.keyslot(key)
 
-    async def execute(self, key: str, *command: Any) -> Any:
-        """``command``'s reply from the master of ``key``'s slot. Raises redis-py's errors (ConnectionError,
+    async def execute(self, key: str, *command: Any, until: float | None = None) -> Any:
+        """``command``'s reply from the master of ``key``'s slot; TRYAGAIN and CLUSTERDOWN are tried again only
+        until ``until`` (the event loop's time), if given. Raises redis-py's errors (ConnectionError,
         TimeoutError, ResponseError such as NoScriptError), or ClusterDownError after too many redirections."""
         await self.topology()
         slot = self._client.keyslot(key)
@@ -94,7 +95,8 @@ class ClusterRouter:
                     raise
                 node, asking = target, True
             except (TryAgainError, ClusterDownError):
-                if loop.time() - since > RETRY_FOR:
+                now = loop.time()
+                if now - since > RETRY_FOR or (until is not None and now + TRYAGAIN_PAUSE >= until):
                     raise
                 await asyncio.sleep(TRYAGAIN_PAUSE)
             except ResponseError:
