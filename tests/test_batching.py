@@ -284,4 +284,27 @@ async def test_a_batch_carries_at_most_its_weight_and_a_heavy_item_goes_alone() 
     await asyncio.sleep(0.01)
     recorder.release.set()
     assert await asyncio.gather(*calls) == [10, 40, 50, 30, 200, 20]
-    assert recorder.batches == [[1], [4, 5], [3], [20], [2]]
+    # the heavy one takes the first free place; the light ones go in batches of 10 at most
+    assert recorder.batches == [[1], [20], [4, 5], [3, 2]]
+
+
+async def test_light_items_always_have_a_place_of_their_own() -> None:
+    # two heavy requests in flight had every caller behind them late (Envoy's 20 ms)
+    heavy = Recorder()
+    light: list[list[int]] = []
+
+    async def send(items: list[int]) -> list[int]:
+        if items[0] > 10:
+            return await heavy.send(items)
+        light.append(items)
+        return [i * 10 for i in items]
+
+    batcher = Batcher(send, max_in_flight=2, weight=lambda item: item, max_weight=10)
+    slow = [asyncio.create_task(batcher.submit(i)) for i in (20, 30)]
+    await asyncio.sleep(0.01)
+    assert heavy.batches == [[20]]  # one heavy batch out, the other waits
+    assert [await batcher.submit(i) for i in (1, 2, 3)] == [10, 20, 30]  # through the other place, one by one
+    assert light == [[1], [2], [3]]
+    heavy.release.set()
+    assert await asyncio.gather(*slow) == [200, 300]
+    assert heavy.batches == [[20], [30]]

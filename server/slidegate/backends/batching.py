@@ -29,7 +29,9 @@ class Batcher(Generic[Item, Result]):
     held up, and Redis's answer may be waiting unread); None: no bound.
     ``on_cut_off`` is called for each batch cut off. A batch carries items of ``max_weight`` at most together
     (by ``weight``), so that a few heavy items cannot make every other item's round trip long; an item heavier
-    than that goes alone."""
+    than that goes alone, and only one such batch is out at a time (it takes a free place before the light items
+    waiting, never more), so that light items always have a place of their own: two heavy requests in flight
+    had every 20 ms caller behind them late."""
 
     def __init__(self, send: Callable[[list[Item]], Awaitable[Sequence[Result | Exception]]], max_in_flight: int = 2,
                  batch_timeout: float | None = None, on_cut_off: Callable[[], object] = lambda: None,
@@ -41,6 +43,7 @@ class Batcher(Generic[Item, Result]):
         self._batch_timeout = batch_timeout
         self._on_cut_off = on_cut_off
         self._in_flight = 0
+        self._heavy_in_flight = False
         self._waiting: list[tuple[Item, asyncio.Future[Result]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._deadlines = Deadlines()
@@ -66,25 +69,34 @@ class Batcher(Generic[Item, Result]):
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         while self._in_flight < self._max_in_flight:
             waiting = [(item, future) for item, future in self._waiting if not future.done()]
-            batch, rest, weight = waiting, [], 0
-            for i, (item, _) in enumerate(waiting):
-                weight += self._weight(item)
-                if i and weight > self._max_weight:  # one heavy item still goes, alone
-                    batch, rest = waiting[:i], waiting[i:]
-                    break
-            self._waiting = rest
+            heavy = None if self._heavy_in_flight else next(
+                (n for n, (item, _) in enumerate(waiting) if self._weight(item) > self._max_weight), None)
+            if heavy is not None:
+                batch = [waiting.pop(heavy)]
+            else:
+                batch, rest, weight = [], [], 0
+                for item, future in waiting:
+                    w = self._weight(item)
+                    if w > self._max_weight or (batch and weight + w > self._max_weight):
+                        rest.append((item, future))
+                    else:
+                        batch.append((item, future))
+                        weight += w
+                waiting = rest
+            self._waiting = waiting
             if not batch:
                 return
             self._in_flight += 1
+            self._heavy_in_flight = self._heavy_in_flight or heavy is not None
             expired: list[bool] = []
-            task = loop.create_task(self._run(batch, expired))
+            task = loop.create_task(self._run(batch, expired, heavy is not None))
             self._tasks.add(task)  # the loop keeps only weak references to tasks
             task.add_done_callback(self._tasks.discard)
             if self._batch_timeout is not None:
                 due = loop.time() + self._batch_timeout
                 self._deadlines.add(loop, due, partial(self._cut_off, loop, task, expired, due, True), task.done)
 
-    async def _run(self, batch: list[tuple[Item, asyncio.Future[Result]]], expired: list[bool]) -> None:
+    async def _run(self, batch: list[tuple[Item, asyncio.Future[Result]]], expired: list[bool], heavy: bool) -> None:
         try:
             results = await self._send([item for item, _ in batch])
         except BaseException as exc:
@@ -108,6 +120,8 @@ class Batcher(Generic[Item, Result]):
                     future.set_result(result)
         finally:
             self._in_flight -= 1
+            if heavy:
+                self._heavy_in_flight = False
             if self._waiting:
                 self._flush(asyncio.get_running_loop())
 
