@@ -14,12 +14,15 @@ import grpc
 import pytest
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
 
+from slidegate import health as health_module
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
 from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded
 from slidegate.backends.breaker import Breaker
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import ConfigError, LoadOptions, load_directory
+from slidegate.health import Health
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions
 from slidegate.service import RateLimitService
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
@@ -421,3 +424,26 @@ def test_a_flapping_redis_is_one_breaker_line_every_ten_seconds(caplog: pytest.L
         now[0] += 2.0
     lines = [r.getMessage() for r in caplog.records if r.name == "slidegate.backends.breaker"]
     assert len(lines) == 1 and lines[0].startswith("storage failing for 0.0 s (1 failed round trips")
+
+
+async def test_the_health_log_ends_on_the_storage_state_as_it_is(monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    # the health policy alone: a storage whose pings fail and answer by turns, then fail for good
+    answers = iter([False, True, False, True, False, True] + [False] * 20)
+
+    class Flapping:
+        async def ping(self) -> None:
+            if not next(answers):
+                raise BackendUnavailable("hung")
+
+    monkeypatch.setattr(health_module, "LINE_EVERY", 0.05)
+    health = Health(HealthServicer())
+    stop = asyncio.Event()
+    watching = asyncio.create_task(health.watch_storage(Flapping(), stop, interval=0.02))  # type: ignore[arg-type]
+    await asyncio.sleep(0.5)
+    stop.set()
+    await watching
+    lines = [r.getMessage() for r in caplog.records if r.name == "slidegate.health"]
+    assert 2 <= len(lines) < 8  # not one a change
+    assert lines[0] == "health: the storage does not answer (hung)"
+    assert lines[-1].startswith("health: the storage does not answer (hung)")  # as it is at the end

@@ -7,16 +7,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
 from slidegate.backends.base import Backend
-from slidegate.logs import Repeated
 
 log = logging.getLogger(__name__)
 HEALTH_SERVICES = ("", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService")
+LINE_EVERY = 10.0  # seconds: the log tells the storage's state at most this often
 
 
 class Health:
@@ -30,9 +31,11 @@ class Health:
         self.storage_ok = False
         self.draining = False
         self._published: bool | None = None
-        # a Redis that flaps changes the state every few seconds: one line of each every 10 s, with a count
-        self._lost = Repeated(log, "health: the storage does not answer (%s)")
-        self._back = Repeated(log, "health: the storage answers again; %s")
+        # the log tells the storage's state as it changes, one line every LINE_EVERY seconds at most (a Redis that
+        # flaps changes it every few seconds), and always ends on the state as it is
+        self._told: bool | None = None
+        self._told_at: float | None = None
+        self._changes = 0  # since the last line
 
     @property
     def serving(self) -> bool:
@@ -49,22 +52,36 @@ class Health:
         self.draining = True
         await self.publish()
 
+    def _tell(self, ok: bool, reason: str) -> None:
+        if ok == self._told or (ok and self._told is None):  # nothing new (a storage answering at start: nothing)
+            return
+        now = time.monotonic()
+        if self._told_at is not None and now - self._told_at < LINE_EVERY:
+            return
+        more = f" ({self._changes - 1} more changes in the last {now - self._told_at:.0f} s)" \
+            if self._changes > 1 and self._told_at is not None else ""
+        if ok:
+            log.warning("health: the storage answers again%s%s", "; serving" if self._needs_storage() else "", more)
+        else:
+            log.warning("health: the storage does not answer (%s)%s", reason, more)
+        self._told, self._told_at, self._changes = ok, now, 0
+
     async def watch_storage(self, backend: Backend, stop: asyncio.Event, interval: float = 1.0) -> None:
         """Ping the storage every ``interval`` seconds until ``stop``; publish each change (of the storage, or
         of the failure modes a config reload brought)."""
         first = True
         while not stop.is_set():
+            reason = ""
             try:
                 await backend.ping()
                 ok = True
             except Exception as exc:  # BackendUnavailable, or anything unexpected: not serving either way
-                ok = False
-                if self.storage_ok or first:
-                    self._lost(str(exc))
-            if ok and not self.storage_ok and not first:
-                self._back("serving")
+                ok, reason = False, str(exc)
+            if ok != self.storage_ok and not first:
+                self._changes += 1
             first = False
             self.storage_ok = ok
+            self._tell(ok, reason)
             if self.serving != self._published:
                 await self.publish()
             with contextlib.suppress(TimeoutError):
