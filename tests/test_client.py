@@ -124,6 +124,7 @@ def test_the_client_command_reads_commas_and_equals_in_values() -> None:
     (("--descriptor", "k=\udcff"), "Invalid value for --descriptor: b'k=\\xff' is not UTF-8"),
     (("--descriptor", "k=v", "--domain", "\udcfe"), "Invalid value for --domain: b'\\xfe' is not UTF-8"),
     (("--descriptor", "k=v", "--timeout", "nan"), "Invalid value for --timeout: nan is not a number of seconds"),
+    (("--descriptor", "k=v", "--target", "\udcff:1"), "Invalid value for --target: b'\\xff:1' is not UTF-8"),
     (("--descriptor", "k=v", "--timeout", "1e300"), "Invalid value for --timeout: 1e+300 is not a number of"),
 ])
 def test_the_client_command_refuses_arguments_it_cannot_send(args: tuple[str, ...], message: str) -> None:

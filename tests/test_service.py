@@ -304,7 +304,7 @@ async def test_remembered_requests_are_bounded(write_config: Callable[..., Path]
                 assert (await stub.ShouldRateLimit(big)).statuses[0].limit_remaining == remaining
             assert big.SerializeToString() not in remembered
             # small in bytes, many in entries (empty entries cost two bytes each, hundreds in memory)
-            many = request("api", descriptor(("client", "m")), *[descriptor(*[("", "")] * 8)] * 2)
+            many = request("api", descriptor(("client", "m")), *[descriptor(*[("", "")] * 8)] * 4)
             assert len(many.SerializeToString()) < service_module.PREPARED_MAX_BYTES
             for remaining in (1, 0):
                 assert (await stub.ShouldRateLimit(many)).statuses[0].limit_remaining == remaining

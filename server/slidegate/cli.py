@@ -156,6 +156,7 @@ def client(target: str, domain: str, descriptors: tuple[str, ...], hits: int, ti
     if not math.isfinite(timeout) or timeout > 3600:
         raise click.BadParameter(f"{timeout} is not a number of seconds up to 3600", param_hint="--timeout")
     _check_utf8(domain, "--domain")
+    _check_utf8(target, "--target")
     specs = []
     for text in descriptors:
         _check_utf8(text, "--descriptor")

@@ -12,7 +12,8 @@ requests of 8 descriptors at once held the loop 60-70 ms.
 
 A large request's pieces are smaller than glibc's mmap threshold (slidegate.allocator) and come from its heap,
 which it keeps when they are freed: 256 concurrent requests of 1 MB left 300 MB behind, and ``malloc_trim``
-gave back all but 8 of them. So a second after large requests, the heap is trimmed (once a second at most).
+gave back all but 8 of them. So the heap is trimmed a second after a large request, and again a second later
+as long as large requests keep coming (once a second at most).
 
 Used by ``slidegate serve`` only: ``gc.freeze`` is process-wide, and a program embedding the service may freeze
 for its own reasons.
@@ -39,8 +40,10 @@ class Heap:
         self._freeze_every = freeze_every
         self._since = 0
         self._trim: asyncio.TimerHandle | None = None
+        self._more_large = False  # a large request came after the trim was set
         self._forgotten: list[dict[Any, Any]] = []  # being freed, a slice a turn
         self._freeing: asyncio.Handle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # of the handles above
 
     def remembered(self) -> None:
         self._since += 1
@@ -53,6 +56,7 @@ class Heap:
         slice a turn, then what was frozen is unfrozen and collected."""
         self._since = 0
         self._forgotten.append(remembered)
+        self._in_this_loop()
         if self._freeing is None:
             self._freeing = asyncio.get_running_loop().call_soon(self._free_some)
 
@@ -73,9 +77,22 @@ class Heap:
 
     def received(self, size: int) -> None:
         """A request of ``size`` bytes came (in the running event loop)."""
-        if size >= LARGE_REQUEST and self._trim is None:
+        if size < LARGE_REQUEST:
+            return
+        self._in_this_loop()
+        if self._trim is None:
             self._trim = asyncio.get_running_loop().call_later(TRIM_AFTER, self._trimmed)
+        else:
+            self._more_large = True
 
     def _trimmed(self) -> None:
-        self._trim = None
         trim()
+        # what large requests that came since took is freed after this trim: once more, a second later
+        self._trim = asyncio.get_running_loop().call_later(TRIM_AFTER, self._trimmed) if self._more_large else None
+        self._more_large = False
+
+    def _in_this_loop(self) -> None:
+        """Handles of another event loop (one that ended) will never run: start afresh in this one."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop, self._trim, self._freeing, self._more_large = loop, None, None, False
