@@ -14,9 +14,11 @@ they are applied only once every slot has admitted it.
 Connection errors and timeouts become BackendUnavailable within ``timeout`` seconds (a few ms more at most:
 deadlines share one timer, slidegate.backends.deadlines). Nothing is retried
 except a NOSCRIPT reply (after SCRIPT FLUSH, a Redis restart or a failover to a node that never saw the
-script), which means the script did not run, and with Sentinel a READONLY reply (the node is a replica now:
-the script's first write failed, so nothing was written; it goes once more, to the master the Sentinels name):
-a call that may have executed is never sent twice, so no hit is counted twice. With Sentinel, the master in use
+script), which means the script did not run, with Sentinel a READONLY reply (the node is a replica now: the
+script's first write failed, so nothing was written; it goes once more, to the master the Sentinels name), and
+on a cluster the replies that also mean it did not run (MOVED, ASK, TRYAGAIN, CLUSTERDOWN: see
+slidegate.backends.redis_cluster): a call that may have executed is never sent twice, so no hit is counted
+twice. With Sentinel, the master in use
 follows the Sentinels' announcements (slidegate.backends.redis_sentinel).
 
 ``wait_replicas`` (REDIS_WAIT_REPLICAS; one Redis with replicas, or Sentinel): each script call is followed,
