@@ -1,5 +1,5 @@
-"""Keeping `slidegate serve`'s heap in shape: short garbage-collection pauses while the service remembers
-thousands of requests, and the memory of large requests given back to the system.
+"""Keeping `slidegate serve`'s heap in shape: short garbage-collection pauses from the first call on and while
+the service remembers thousands of requests, and the memory of large requests given back to the system.
 
 A remembered request (slidegate.service) holds about 34 objects the collector tracks; 10,000 of them made each
 full collection walk 340,000 objects, a pause of 170-250 ms measured on a 2-core machine — the whole of
@@ -7,8 +7,8 @@ REDIS_TIMEOUT, and ten times Envoy's default deadline, for every call in flight.
 (``gc.freeze``) are left out of collections: the remembered requests are frozen as they accumulate, and when
 the service forgets them all at once, everything is unfrozen and collected while little is left to walk (7 ms
 measured). Objects are still freed by reference counting while frozen; only garbage cycles among frozen objects
-wait for that next collection. Freeing them is spread over turns of the event loop too: dropping 10,000
-requests of 8 descriptors at once held the loop 60-70 ms.
+wait, for a collection once there are STRAY_FROZEN of them. Freeing the forgotten requests is spread over turns
+of the event loop too: dropping 10,000 requests of 8 descriptors at once held the loop 60-70 ms.
 
 A large request's pieces are smaller than glibc's mmap threshold (slidegate.allocator) and come from its heap,
 which it keeps when they are freed: 256 concurrent requests of 1 MB left 300 MB behind, and ``malloc_trim``
@@ -29,6 +29,10 @@ from slidegate.allocator import trim
 
 FREEZE_EVERY = 1000  # remembered requests between freezes (each one costs microseconds)
 FREE_PER_TURN = 200  # forgotten requests freed in one turn of the event loop (about a millisecond)
+# Frozen objects that are not freed with the requests (garbage cycles that were alive when frozen) are left for
+# a collection once they are this many: each such collection walks every object again, startup's included
+# (10-20 ms), so it is kept rare; the leak it bounds grew by about 10,000 objects per 12,000 distinct requests.
+STRAY_FROZEN = 100_000
 LARGE_REQUEST = 8 * 1024  # bytes: a request this large has its memory given back a second later
 TRIM_AFTER = 1.0  # seconds
 
@@ -44,6 +48,12 @@ class Heap:
         self._forgotten: list[dict[Any, Any]] = []  # being freed, a slice a turn
         self._freeing: asyncio.Handle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # of the handles above
+        self._frozen = 0  # objects frozen after the last full collection
+
+    def started(self) -> None:
+        """The process has set itself up: what it made (the imported modules, about 100,000 objects) is frozen,
+        or the first full collection, a few calls in, walked it all (16 ms, most of Envoy's default deadline)."""
+        self._collect()
 
     def remembered(self) -> None:
         self._since += 1
@@ -53,7 +63,7 @@ class Heap:
 
     def forgot(self, remembered: dict[Any, Any]) -> None:
         """The service forgot every request in ``remembered`` (in the running event loop): they are freed a
-        slice a turn, then what was frozen is unfrozen and collected."""
+        slice a turn, then frozen garbage is collected if there is much of it."""
         self._since = 0
         self._forgotten.append(remembered)
         self._in_this_loop()
@@ -72,8 +82,15 @@ class Heap:
             self._freeing = asyncio.get_running_loop().call_soon(self._free_some)
             return
         self._freeing = None
+        if gc.get_freeze_count() > self._frozen + STRAY_FROZEN:
+            self._collect()
+
+    def _collect(self) -> None:
+        """Collect every garbage cycle, frozen or not, and freeze what is left."""
         gc.unfreeze()
         gc.collect()
+        gc.freeze()
+        self._frozen = gc.get_freeze_count()
 
     def received(self, size: int) -> None:
         """A request of ``size`` bytes came (in the running event loop)."""

@@ -121,10 +121,11 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
         failure_mode=settings.failure_mode, local_replicas=settings.local_limit_replicas,
         domain_slot=settings.redis_hash_tag == "domain",
     ))
+    heap = Heap()
     service = RateLimitService(limiter, AnswerOptions(
         shadow_mode=settings.shadow_mode, dynamic_metadata=settings.response_dynamic_metadata,
         headers=settings.limit_response_headers_enabled, ietf_headers=settings.limit_response_headers_ietf,
-    ), metrics, Heap())
+    ), metrics, heap)
     credentials = None
     if settings.grpc_server_use_tls:
         credentials = server_credentials(settings.grpc_server_tls_cert, settings.grpc_server_tls_key,
@@ -162,6 +163,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
             task.add_done_callback(reloads.discard)
 
         loop.add_signal_handler(signal.SIGHUP, reload_now)
+        heap.started()  # before the health check says serving
         tasks = [asyncio.create_task(health.watch_storage(backend, stop)), asyncio.create_task(watcher.run(stop))]
         log.info(
             "listening for gRPC on %s:%d%s, HTTP on %s:%d, debug on %s:%d; loaded %d domains, %d limits from %s",

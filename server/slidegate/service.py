@@ -239,7 +239,7 @@ class RateLimitService:
             if len(self._prepared) >= PREPARED_REQUESTS or prepared.plan.config is not self._prepared_config:
                 forgotten, self._prepared = self._prepared, {}
                 self._prepared_config = prepared.plan.config
-                if self._heap is not None:
+                if self._heap is not None and forgotten:
                     self._heap.forgot(forgotten)
             self._prepared[data] = prepared
             if self._heap is not None:

@@ -109,9 +109,13 @@ class ClusterRouter:
     async def ping(self) -> None:
         """PING every master (through this router's connections: redis-py's own ping may close them all when
         it fails). Raises RedisError or RedisClusterException."""
+        await self.on_every_master("PING")
+
+    async def on_every_master(self, *command: Any) -> None:
+        """Send ``command`` to every master at once. Raises RedisError or RedisClusterException."""
         await self.topology()
         try:
-            await asyncio.gather(*(self._send(node, ("PING",), False) for node in self._client.get_primaries()))
+            await asyncio.gather(*(self._send(node, command, False) for node in self._client.get_primaries()))
         except Exception:
             self._stale = True
             raise
