@@ -257,6 +257,9 @@ def test_wait_for_a_replica_confirms_a_call_or_gives_it_the_failure_mode(
         stub.ShouldRateLimit(call)
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "reached 0 of 1 replicas within 50 ms (REDIS_WAIT_REPLICAS)" in served.output()
+    # and the health check says so: no admission can be confirmed
+    wait_for(lambda: served.http("/healthcheck")[0] == 503, 5, "the health check to say not serving")
+    assert "0 replicas connected; REDIS_WAIT_REPLICAS needs 1" in served.output()
 
 
 def test_a_lagging_replica_does_not_lift_a_limit(write_config: Callable[..., Path], serve: Callable[..., Served],

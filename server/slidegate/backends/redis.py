@@ -526,12 +526,26 @@ class RedisBackend:
                         await self._client.ping()
                     if not self._warm:
                         await self._warm_up()
+                    if self._wait_replicas:
+                        await self._check_replicas()
                 return
             except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
                 if attempt == 1:
                     reason = _reason(exc)
                     self._failed(f"ping: {reason}")
                     raise BackendUnavailable(f"{self.describe()}: {reason}") from exc
+
+    async def _check_replicas(self) -> None:
+        """Raise BackendUnavailable (no evidence for the breaker: Redis answers) when the master has fewer
+        replicas than REDIS_WAIT_REPLICAS: every admission would then wait for WAIT and get the failure mode."""
+        try:
+            role, _ = await self._direct(("ROLE",), script=False)
+        except NoPermissionError:
+            return  # an ACL without ROLE: the failed WAITs tell
+        replicas = len(role[2]) if role[0] in (b"master", "master") and len(role) > 2 else 0
+        if replicas < self._wait_replicas:
+            raise BackendUnavailable(f"{self.describe()}: {replicas} replicas connected; REDIS_WAIT_REPLICAS needs "
+                                     f"{self._wait_replicas}, so no admission can be confirmed")
 
     async def _warm_up(self) -> None:
         """Make the first calls as quick as the next (the health ping does this before the service says it is
