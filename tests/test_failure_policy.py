@@ -22,6 +22,7 @@ from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded
 from slidegate.backends.breaker import Breaker
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import ConfigError, LoadOptions, load_directory
+from slidegate.config.describe import describe_config
 from slidegate.health import Health
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions
 from slidegate.service import RateLimitService
@@ -447,3 +448,9 @@ async def test_the_health_log_ends_on_the_storage_state_as_it_is(monkeypatch: py
     assert 2 <= len(lines) < 8  # not one a change
     assert lines[0] == "health: the storage does not answer (hung)"
     assert lines[-1].startswith("health: the storage does not answer (hung)")  # as it is at the end
+
+
+def test_check_config_shows_a_domains_failure_mode(write_config: Callable[..., Path]) -> None:
+    # a domain's own failure mode changes what Envoy gets when Redis fails: it must be seen where limits are
+    text = describe_config(load_directory(write_config("failure_mode: deny\n" + CONFIG)))
+    assert text.splitlines()[0].endswith("failure_mode: deny")

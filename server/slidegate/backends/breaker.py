@@ -72,5 +72,5 @@ class Breaker:
             self._opened_at = now
             self._next_probe = now + self._cooldown
             self._opened(f"storage failing for {now - self._first_failure:.1f} s ({self._failures} failed round "
-                         f"trips, the last: {reason}): calls fail at once until a probe every {self._cooldown:.0f} "
-                         "s gets an answer")
+                         f"trips, the last: {reason}): calls skip it (the failure mode answers them) until a probe "
+                         f"every {self._cooldown:.0f} s gets an answer")

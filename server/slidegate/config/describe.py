@@ -8,10 +8,12 @@ from slidegate.config.model import Config, DescriptorNode, RateLimit
 
 
 def describe_config(config: Config) -> str:
-    """``domain NAME (FILE):`` then ``  [key=value, key2] LIMIT FLAGS`` for every rule, domains by name."""
+    """``domain NAME (FILE):`` (and ``failure_mode: MODE`` when the domain sets one) then
+    ``  [key=value, key2] LIMIT FLAGS`` for every rule, domains by name."""
     lines = []
     for name, domain in sorted(config.domains.items()):
-        lines.append(f"domain {name} ({domain.source}):")
+        mode = f" failure_mode: {domain.failure_mode}" if domain.failure_mode else ""
+        lines.append(f"domain {name} ({domain.source}):{mode}")
         for path, rule in domain.rules():
             where = ", ".join(f"{node.key}={node.value}" if node.value is not None else node.key for node in path)
             lines.append(f"  [{where}] {describe_rule(rule)}")
