@@ -90,7 +90,7 @@ def test_environment_variables_and_the_log(write_config: Callable[..., Path], re
     assert [k.decode() for k in client.scan_iter(match=f"{key_prefix}*")] == [f"{key_prefix}fixed_window{{1:d1:k1:v}}"]
     client.close()
     assert re.search(rf"listening for gRPC on 127.0.0.1:{port}, HTTP on 127.0.0.1:\d+, debug on 127.0.0.1:\d+; "
-                     r"loaded 1 domains, 1 limits from ", log), log
+                     r"domains loaded: 1, limits: 1, from ", log), log
     assert f"storage: redis at {redis_url}" in log
     assert process.returncode == 0
 

@@ -132,9 +132,9 @@ async def test_redis_down_is_unavailable_in_bounded_time_then_recovers(
     # the outage is logged once (with a count), not once per call, and so is the recovery
     messages = [r.getMessage() for r in caplog.records if r.name == "slidegate.service"]
     assert len(messages) == 2
-    assert messages[0].startswith("storage unavailable: 1 calls failed or were decided by the failure mode; last: ")
+    assert messages[0].startswith("storage unavailable: calls failed or decided by the failure mode: 1; last: ")
     assert messages[1].startswith("storage answering again: no call failed for 0.")
-    assert messages[1].endswith(" (2 more since the last line)")
+    assert messages[1].endswith(" (calls failed since the last line: 2)")
 
 
 async def test_answers_from_the_over_limit_cache_are_not_the_storage_answering(
@@ -152,12 +152,13 @@ async def test_answers_from_the_over_limit_cache_are_not_the_storage_answering(
         with pytest.raises(BackendUnavailable):
             await service.decide("api", fresh, 0)
     messages = [r.getMessage() for r in caplog.records if r.name == "slidegate.service"]
-    assert len(messages) == 1 and messages[0].startswith("storage unavailable: 1 calls failed")
+    assert len(messages) == 1
+    assert messages[0].startswith("storage unavailable: calls failed or decided by the failure mode: 1")
     private_redis.start()
     monkeypatch.setattr(service_module.OutageLog, "QUIET", 0.0)
     assert (await service.decide("api", fresh, 0)).overall_code == OK
     messages = [r.getMessage() for r in caplog.records if r.name == "slidegate.service"]
-    assert len(messages) == 2 and messages[1].endswith("(49 more since the last line)")
+    assert len(messages) == 2 and messages[1].endswith("(calls failed since the last line: 49)")
     await backend.close()
 
 
@@ -176,13 +177,12 @@ def test_an_outage_is_one_line_every_ten_seconds(caplog: pytest.LogCaptureFixtur
     outage.failed("refused")  # another outage: told at once
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 6
-    assert messages[0] == ("storage unavailable: 1 calls failed or were decided by the failure mode; last: no answer "
-                           "in time")
-    assert messages[1] == ("storage unavailable: 500 calls failed or were decided by the failure mode in the last 10 "
-                           "s; last: no answer in time")
-    assert messages[4] == ("storage answering again: no call failed for 10.0 s, after failures for 40.0 s (499 more "
-                           "since the last line)")
-    assert messages[5] == "storage unavailable: 1 calls failed or were decided by the failure mode; last: refused"
+    assert messages[0] == "storage unavailable: calls failed or decided by the failure mode: 1; last: no answer in time"
+    assert messages[1] == ("storage unavailable: calls failed or decided by the failure mode in the last 10 s: 500; "
+                           "last: no answer in time")
+    assert messages[4] == ("storage answering again: no call failed for 10.0 s, after failures for 40.0 s (calls "
+                           "failed since the last line: 499)")
+    assert messages[5] == "storage unavailable: calls failed or decided by the failure mode: 1; last: refused"
 
 
 def test_a_partial_outage_answering_by_turns_is_one_outage(caplog: pytest.LogCaptureFixture) -> None:

@@ -166,7 +166,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
         heap.started()  # before the health check says serving
         tasks = [asyncio.create_task(health.watch_storage(backend, stop)), asyncio.create_task(watcher.run(stop))]
         log.info(
-            "listening for gRPC on %s:%d%s, HTTP on %s:%d, debug on %s:%d; loaded %d domains, %d limits from %s",
+            "listening for gRPC on %s:%d%s, HTTP on %s:%d, debug on %s:%d; domains loaded: %d, limits: %d, from %s",
             settings.grpc_host, port, " (TLS)" if credentials else "", settings.http_host, http_port,
             settings.debug_host, debug_port, len(config.domains), config.limit_count(), directory,
         )

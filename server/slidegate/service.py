@@ -344,8 +344,8 @@ class OutageLog:
         if self._first is None:
             self._first = now
         if self._last_line is None or now - self._last_line >= self.LINE_EVERY:
-            log.warning("storage unavailable: %d calls failed or were decided by the failure mode%s; last: %s",
-                        self._failed, "" if self._last_line is None else f" in the last {now - self._last_line:.0f} s",
+            log.warning("storage unavailable: calls failed or decided by the failure mode%s: %d; last: %s",
+                        "" if self._last_line is None else f" in the last {now - self._last_line:.0f} s", self._failed,
                         reason)
             self._failed, self._last_line, self._announced = 0, now, True
 
@@ -356,8 +356,8 @@ class OutageLog:
         if now - self._last < self.QUIET:
             return
         if self._announced:
-            log.warning("storage answering again: no call failed for %.1f s, after failures for %.1f s (%d more "
-                        "since the last line)", now - self._last, self._last - self._first, self._failed)
+            log.warning("storage answering again: no call failed for %.1f s, after failures for %.1f s (calls failed "
+                        "since the last line: %d)", now - self._last, self._last - self._first, self._failed)
             # the next outage is told at once
             self._failed, self._announced, self._last_line = 0, False, None
         self._first = None
