@@ -34,6 +34,7 @@ import gc
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -269,12 +270,13 @@ class Slidegate:
             self.stop()
             raise
 
-    def warnings(self) -> list[str]:
-        return [line for line in (self.dir / "log").read_text(errors="replace").splitlines() if "WARNING" in line]
-
-    def stop(self) -> None:
+    def stop(self) -> int:
+        """Stop it and remove its directory; returns the number of warning lines it logged."""
         stack.stop(self.process)
         self.log.close()
+        warnings = sum(1 for line in (self.dir / "log").read_text(errors="replace").splitlines() if "WARNING" in line)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return warnings
 
 
 def stored_hits(port: int, run: str) -> int:
@@ -503,8 +505,8 @@ def main() -> None:
                                          p.inject(t, s.port, run), seconds=args.seconds,
                                          workload=dict(phase.workload), show_timeline=args.timeline))
             finally:
-                slidegate.stop()
-            results[-1].log_lines = len(slidegate.warnings())
+                warnings = slidegate.stop()
+            results[-1].log_lines = warnings
         print(row(results[-1]), flush=True)
     table = render(results)
     print(table)
