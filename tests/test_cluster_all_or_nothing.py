@@ -252,6 +252,16 @@ async def test_a_caller_that_stops_waiting_does_not_stop_the_undo(start: Start, 
         await backend.close()
 
 
+def spare_slot(cluster: Cluster, key: str) -> int:
+    """A slot of the master serving ``key``, not ``key``'s: taking it away (CLUSTER DELSLOTS) makes that master
+    answer CLUSTERDOWN to every command while the cluster goes on."""
+    master = cluster.master_of(key)
+    with cluster.client(master) as node:
+        served = [(a, b) for a, b, owner, *_ in node.execute_command("CLUSTER", "SLOTS") if owner[1] == master.port]
+    return next(slot for slot in range(16384)
+                if slot != key_slot(key.encode()) and any(a <= slot <= b for a, b in served))
+
+
 async def test_a_cluster_down_for_a_moment_is_waited_out(start: Start, cluster: Cluster) -> None:
     # while a slot has no master, every node answers CLUSTERDOWN (cluster-require-full-coverage): the command did
     # not run, so it is tried again within the call's time. Here the undo meets it: the org's slot admitted at
@@ -265,9 +275,7 @@ async def test_a_cluster_down_for_a_moment_is_waited_out(start: Start, cluster: 
                 if cluster.master_of(limit_key(prefix, LOG.value, "o", [("user", f"u{u}")])) is not org_master)
     org_node = cluster.client(org_master)
     user_node = cluster.client(cluster.master_of(limit_key(prefix, LOG.value, "o", [("user", user)])))
-    served = [(a, b) for a, b, owner, *_ in org_node.execute_command("CLUSTER", "SLOTS") if owner[1] == org_master.port]
-    gone = next(slot for slot in range(16384)
-                if slot != key_slot(org_key.encode()) and any(a <= slot <= b for a, b in served))
+    gone = spare_slot(cluster, org_key)
 
     def hole() -> None:
         time.sleep(0.05)
@@ -295,11 +303,8 @@ async def test_a_slot_call_kept_back_past_the_callers_time_is_never_sent(start: 
     limiter, backend = start(10, 10, LOG)
     prefix = limiter._options.key_prefix
     org_key = limit_key(prefix, LOG.value, "o", [("org", "acme")])
-    org_master = cluster.master_of(org_key)
-    org_node = cluster.client(org_master)
-    served = [(a, b) for a, b, owner, *_ in org_node.execute_command("CLUSTER", "SLOTS") if owner[1] == org_master.port]
-    gone = next(slot for slot in range(16384)
-                if slot != key_slot(org_key.encode()) and any(a <= slot <= b for a, b in served))
+    org_node = cluster.client(cluster.master_of(org_key))
+    gone = spare_slot(cluster, org_key)
     try:
         org_node.execute_command("CLUSTER", "DELSLOTS", gone)
         try:

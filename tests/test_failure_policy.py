@@ -320,18 +320,27 @@ def test_health_serves_without_redis_when_a_domains_failure_mode_answers(
     assert wait_for(lambda: served.http("/healthcheck") == (503, "NOT SERVING"), timeout=10)
 
 
+async def hung_service(directory: Path, redis_server: RedisServer, mode: str) -> tuple[RateLimitService,
+                                                                                       RedisBackend]:
+    """A service with failure mode ``mode`` on ``redis_server``, which answers it once (for the descriptor k=v)
+    and is then stopped (SIGSTOP: hung, its connections open); the caller sends SIGCONT."""
+    config = load_directory(directory)
+    backend = RedisBackend(redis_server.url, timeout=2.0)
+    service = RateLimitService(Limiter(lambda: config, backend, LimiterOptions(failure_mode=mode)))
+    await service.decide("f", [Descriptor((("k", "v"),))], 0)
+    assert redis_server.process is not None
+    redis_server.process.send_signal(signal.SIGSTOP)
+    return service, backend
+
+
 @pytest.mark.parametrize("mode", ["error", "allow", "deny", "local"])
 async def test_a_call_about_to_pass_its_deadline_is_answered_by_the_failure_mode_but_is_no_storage_error(
         write_config: Callable[..., Path], private_redis: RedisServer, mode: str) -> None:
     # Envoy's filter waits 20 ms by default, far less than REDIS_TIMEOUT: a hung Redis must still leave time
     # for the failure mode to answer
-    config = load_directory(write_config(CONFIG))
-    backend = RedisBackend(private_redis.url, timeout=2.0)
-    service = RateLimitService(Limiter(lambda: config, backend, LimiterOptions(failure_mode=mode)))
+    service, backend = await hung_service(write_config(CONFIG), private_redis, mode)
     descriptors = [Descriptor((("k", "v"),))]
-    await service.decide("f", descriptors, 0)
     assert private_redis.process is not None
-    private_redis.process.send_signal(signal.SIGSTOP)
     try:
         started = time.monotonic()
         if mode == "error":
@@ -360,13 +369,9 @@ async def test_a_call_about_to_pass_its_deadline_is_answered_by_the_failure_mode
 @pytest.mark.parametrize("mode", ["allow", "deny", "local"])
 async def test_a_redis_silent_longer_than_a_caller_can_wait_gets_the_failure_mode_at_once(
         write_config: Callable[..., Path], private_redis: RedisServer, mode: str) -> None:
-    config = load_directory(write_config(CONFIG))
-    backend = RedisBackend(private_redis.url, timeout=2.0)
-    service = RateLimitService(Limiter(lambda: config, backend, LimiterOptions(failure_mode=mode)))
+    service, backend = await hung_service(write_config(CONFIG), private_redis, mode)
     descriptors = [Descriptor((("k", "v"),))]
-    await service.decide("f", descriptors, 0)
     assert private_redis.process is not None
-    private_redis.process.send_signal(signal.SIGSTOP)
     try:
         first = asyncio.create_task(service.decide("f", descriptors, 0, timeout=1.0))  # waits: it has time
         await asyncio.sleep(0.2)  # longer than a caller of 20 ms can wait, and than a stall of ours might hide
