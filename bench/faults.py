@@ -256,11 +256,12 @@ class Slidegate:
     def __init__(self, redis_url: str, env: dict[str, str], workers: int = 2) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="slidegate-faults-"))
         (self.dir / "config.yaml").write_text(CONFIG)
-        self.port = stack.free_port()
+        self.ports = [stack.free_port() for _ in range(3)]
+        self.port = self.ports[0]
         self.log = open(self.dir / "log", "wb")  # noqa: SIM115 - closed in stop()
         args = [sys.executable, "-m", "slidegate", "serve", "--config", str(self.dir), "--host", "127.0.0.1",
-                "--grpc-port", str(self.port), "--http-host", "127.0.0.1", "--http-port", str(stack.free_port()),
-                "--debug-host", "127.0.0.1", "--debug-port", str(stack.free_port()), "--workers", str(workers)]
+                "--grpc-port", str(self.port), "--http-host", "127.0.0.1", "--http-port", str(self.ports[1]),
+                "--debug-host", "127.0.0.1", "--debug-port", str(self.ports[2]), "--workers", str(workers)]
         self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
                                         env={**os.environ, "REDIS_URL": redis_url, **env})
         try:
@@ -276,6 +277,9 @@ class Slidegate:
         self.log.close()
         warnings = sum(1 for line in (self.dir / "log").read_text(errors="replace").splitlines() if "WARNING" in line)
         shutil.rmtree(self.dir, ignore_errors=True)
+        for port in self.ports:  # `serve --workers` leaves its ports' lock files: no one holds them now
+            with contextlib.suppress(OSError):
+                (Path(tempfile.gettempdir()) / f"slidegate-port-{port}.lock").unlink()
         return warnings
 
 

@@ -3,7 +3,10 @@ redis-server started here; every test works under its own key prefix and never f
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import tempfile
 import textwrap
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -22,6 +25,19 @@ from slidegate.server import start_server
 from slidegate.service import AnswerOptions, RateLimitService
 from tests.redis_servers import INSTALL_HINT, RedisServer
 from tests.served import Served, Starter
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_lock_files_left() -> Iterator[None]:
+    """`serve --workers` leaves a lock file per port in the temporary directory (removing it while running would
+    race its lock): the ones this session made go when it ends, unless someone holds them still."""
+    directory = Path(tempfile.gettempdir())
+    before = set(directory.glob("slidegate-port-*.lock"))
+    yield
+    for path in set(directory.glob("slidegate-port-*.lock")) - before:
+        with contextlib.suppress(OSError), path.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path.unlink()
 
 
 @pytest.fixture(scope="session")

@@ -57,9 +57,23 @@ def test_http_api(write_config: Callable[..., Path], serve: Callable[..., Served
     status, body = served.http("/json", json_request("p", ("user", "h2")))
     assert json.loads(body)["statuses"][0]["currentLimit"] == {
         "requestsPerUnit": 2, "unit": "MINUTE", "name": "per-user"}
-    assert served.http("/json", b"{not json")[0] == 400
+    served.http("/json", json_request("p", ("user", "h2")))
+    status, body = served.http("/json", json_request("p", ("user", "h2")))
+    # every field, zeros too: limitRemaining 0 is an answer (proto3's JSON leaves zeros out by default)
+    assert status == 429 and json.loads(body)["statuses"][0]["limitRemaining"] == 0
+    status, body = served.http("/json", b"{not json")
+    assert status == 400 and json.loads(body)["error"].startswith("the body is not JSON: ")
+    for document, kind in ((None, "null"), ([], "list"), (7, "int")):
+        status, body = served.http("/json", json.dumps(document).encode())
+        assert (status, json.loads(body)) == (
+            400, {"error": f"the body must be a JSON object (a RateLimitRequest), not {kind}"})
     status, body = served.http("/json", json.dumps({"domain": "p"}).encode())
     assert (status, json.loads(body)) == (400, {"error": "rate limit descriptor list must not be empty"})
+    # every error of the HTTP API is JSON, aiohttp's own too
+    status, body = served.http("/json")
+    assert (status, json.loads(body)) == (405, {"error": "Method Not Allowed"})
+    status, body = served.http("/nothing-here")
+    assert (status, json.loads(body)) == (404, {"error": "Not Found"})
     status, body = served.http("/rlconfig")
     assert status == 200 and "  [user] 2/minute sliding_window_log name=per-user" in body
     # the debug port serves the limits and the metrics too, but not decisions
@@ -221,8 +235,8 @@ def test_reflection_json_logs_and_the_client_command(write_config: Callable[...,
                            capture_output=True, text=True, timeout=30)
     assert first.returncode == 0, first.stderr
     assert first.stdout.splitlines()[0] == "overall: OK"
-    assert re.search(r"^0\s+user=c\s+OK\s+2/60s\s+1\s+60\.000$", first.stdout, re.MULTILINE), first.stdout
-    assert re.search(r"^1\s+path=/api/1,x=y\s+OK\s+-\s+-\s+0\.000$", first.stdout, re.MULTILINE), first.stdout
+    assert re.search(r"^0\s+user=c\s+OK\s+2/60s\s+per-user\s+1\s+60\.000$", first.stdout, re.MULTILINE), first.stdout
+    assert re.search(r"^1\s+path=/api/1,x=y\s+OK\s+-\s+-\s+-\s+-$", first.stdout, re.MULTILINE), first.stdout
     over = subprocess.run([*client, "--descriptor", "user=c", "--hits", "5", "--json"],
                           capture_output=True, text=True, timeout=30)
     decision = json.loads(over.stdout)

@@ -198,3 +198,13 @@ entries = st.lists(st.tuples(st.text(max_size=6), st.text(max_size=6)), max_size
 @given(a=st.tuples(st.text(max_size=6), entries), b=st.tuples(st.text(max_size=6), entries))
 def test_keys_are_injective(a: tuple[str, list[tuple[str, str]]], b: tuple[str, list[tuple[str, str]]]) -> None:
     assert (limit_key("p:", "alg", a[0], a[1]) == limit_key("p:", "alg", b[0], b[1])) == (a == b)
+
+
+def test_serve_without_a_config_says_how_to_give_one(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "slidegate", "serve"], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "RUNTIME_ROOT": str(tmp_path / "nowhere")})
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        f"config directory {tmp_path}/nowhere/config does not exist: pass the directory of your limits' YAML files "
+        "with --config / CONFIG_DIR (or RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY, whose directory "
+        "this is)")

@@ -53,6 +53,13 @@ def serve(**flags: str | None) -> None:
         click.echo(str(exc), err=True)
         sys.exit(2)
     configure_logging(settings.log_level, settings.log_format)
+    if not settings.config_path.is_dir():
+        where = ("--config / CONFIG_DIR" if settings.config_dir else
+                 "--config / CONFIG_DIR (or RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY, whose "
+                 "directory this is)")
+        click.echo(f"config directory {settings.config_path} does not exist: pass the directory of your limits' "
+                   f"YAML files with {where}", err=True)
+        sys.exit(1)
     try:
         if settings.workers > 1:
             from slidegate.workers import run_workers
@@ -187,10 +194,14 @@ def client(target: str, domain: str, descriptors: tuple[str, ...], hits: int, ti
         click.echo(json.dumps({**dataclasses.asdict(decision), "retry_after": decision.retry_after}, indent=2))
     else:
         click.echo(f"overall: {'OK' if decision.allowed else 'OVER_LIMIT'}")
-        click.echo(f"{'#':<3} {'descriptor':<40} {'code':<11} {'limit':<18} {'remaining':>10} {'reset s':>9}")
+        click.echo(f"{'#':<3} {'descriptor':<40} {'code':<11} {'limit':<18} {'name':<16} {'remaining':>10} "
+                   f"{'reset s':>9}")
         for index, (text, d) in enumerate(zip(descriptors, decision.descriptors, strict=False)):
-            limit = f"{d.limit}/{d.window_seconds}s" if d.limit is not None else "-"
-            remaining = str(d.remaining) if d.limit is not None else "-"  # no limit applies: nothing remains
+            limited = d.limit is not None  # no limit applies: no name, nothing remains, nothing resets
+            limit = f"{d.limit}/{d.window_seconds}s" if limited else "-"
+            remaining = str(d.remaining) if limited else "-"
+            reset = f"{d.reset_seconds:.3f}" if limited else "-"
             code = "OVER_LIMIT" if d.over else "OK"
-            click.echo(f"{index:<3} {text:<40} {code:<11} {limit:<18} {remaining:>10} {d.reset_seconds:>9.3f}")
+            click.echo(f"{index:<3} {text:<40} {code:<11} {limit:<18} {(d.name or '-') if limited else '-':<16} "
+                       f"{remaining:>10} {reset:>9}")
     sys.exit(0 if decision.allowed else 1)

@@ -4,8 +4,9 @@ RateLimitResponse: 200 OK, 429 over limit, 400 bad request with the reason, 503 
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError
@@ -36,9 +37,16 @@ def make_app(service: RateLimitService, config: Callable[[], Config], health: He
             return web.json_response({"error": "compressed bodies are not accepted (Content-Encoding)"}, status=415)
         try:
             body = (await request.read()).decode("utf-8")
-            parsed = json_format.Parse(body, rls_pb2.RateLimitRequest())
+            document = json.loads(body)
+            if not isinstance(document, dict):
+                kind = "null" if document is None else type(document).__name__
+                return web.json_response({"error": f"the body must be a JSON object (a RateLimitRequest), not {kind}"},
+                                         status=400)
+            parsed = json_format.Parse(body, rls_pb2.RateLimitRequest())  # again: it refuses repeated names
             lenient = lenient_pb2.LenientRateLimitRequest.FromString(parsed.SerializeToString())
             domain, descriptors = parse_request(lenient)
+        except json.JSONDecodeError as exc:
+            return web.json_response({"error": f"the body is not JSON: {exc}"}, status=400)
         except (json_format.ParseError, UnicodeDecodeError, InvalidRequest) as exc:
             return web.json_response({"error": str(exc)}, status=400)
         except web.HTTPRequestEntityTooLarge as exc:  # every answer of /json is JSON
@@ -54,7 +62,9 @@ def make_app(service: RateLimitService, config: Callable[[], Config], health: He
         except BackendUnavailable:
             return web.json_response({"error": "rate limit storage unavailable"}, status=503)
         status = 429 if response.overall_code == OVER_LIMIT else 200
-        return web.Response(text=json_format.MessageToJson(response, indent=None), status=status, content_type=JSON)
+        # every field, zeros included: limitRemaining 0 is an answer, not an absent one
+        text = json_format.MessageToJson(response, indent=None, always_print_fields_with_no_presence=True)
+        return web.Response(text=text, status=status, content_type=JSON)
 
     async def healthcheck(_: web.Request) -> web.Response:
         return web.Response(text="OK" if health.serving else "NOT SERVING", status=200 if health.serving else 503)
@@ -68,11 +78,24 @@ def make_app(service: RateLimitService, config: Callable[[], Config], health: He
         return web.Response(body=service.metrics.render(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
-    app = web.Application()
+    app = web.Application(middlewares=[_errors_as_json])
     table = {"json": web.post("/json", decide), "healthcheck": web.get("/healthcheck", healthcheck),
              "rlconfig": web.get("/rlconfig", rlconfig), "metrics": web.get("/metrics", metrics)}
     app.add_routes([table[name] for name in routes])
     return app
+
+
+@web.middleware
+async def _errors_as_json(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                          ) -> web.StreamResponse:
+    """Every error of the HTTP API is JSON, aiohttp's own too (405 for a GET of /json, 404)."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return web.json_response({"error": exc.reason}, status=exc.status, headers={
+            k: v for k, v in exc.headers.items() if k.lower() == "allow"})
 
 
 def _not_a_broken_body(record: logging.LogRecord) -> bool:
