@@ -191,6 +191,14 @@ async def test_token_bucket_burst_and_exact_refill(backend: Backend, key_prefix:
     assert admitted_at == [math.ceil(10 * k / 3) for k in range(1, 301)]
 
 
+async def test_a_bucket_a_microsecond_short_of_its_tokens_is_over(backend: Backend, key_prefix: str) -> None:
+    # 3 tokens per 10 s: emptied, it holds 3 again after exactly 10 s, and not a microsecond sooner
+    bucket = Limit(backend, BUCKET, f"{key_prefix}short")
+    assert (await bucket.hit(0.0, hits=3))[:2] == (False, 0)
+    assert await bucket.hit(9.999999, hits=3) == (True, 0, 1)  # 2.9999997 tokens: one microsecond to go
+    assert (await bucket.hit(10.0, hits=3))[:2] == (False, 0)
+
+
 async def test_log_same_instant_requests_leave_together_without_phantoms(backend: Backend, key_prefix: str) -> None:
     # twelve requests in one microsecond (running counts 1..12 would sort "10" < "9" as text in Redis)
     limit = Limit(backend, LOG, f"{key_prefix}ties", limit=12)

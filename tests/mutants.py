@@ -1,0 +1,106 @@
+"""A short mutation check of slidegate's core: each mutant is a small change to the code (a boundary moved, a
+rounding turned, a check dropped); the tests that guard that code run against it, and must fail. A mutant
+they pass ("survived") is a hole in the tests. Run it from the repository's root:
+
+    python tests/mutants.py [--only NAME ...]
+
+It edits the files in place one mutant at a time and always puts them back. The survivors of the latest run
+are listed in docs/testing.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str  # from the repository's root
+    original: str  # found exactly once in the file
+    mutated: str
+    tests: tuple[str, ...]  # test files (or node ids) that must catch it
+
+
+MUTANTS = [
+    Mutant("cache answers at its exact retry time", "server/slidegate/backends/blocked.py",
+           "entry[1] <= now", "entry[1] < now", ("tests/test_blocked_cache.py",)),
+    Mutant("headers round a wait down", "server/slidegate/headers.py",
+           "math.ceil(us / 1_000_000)", "math.floor(us / 1_000_000)", ("tests/test_headers.py",)),
+    Mutant("an over-limit answer's seconds rounded down", "server/slidegate/service.py",
+           "-(-status.reset_us // 1_000_000)", "status.reset_us // 1_000_000", ("tests/test_service.py",)),
+    Mutant("keys without the length of a part", "server/slidegate/keys.py",
+           'f"{len(text)}:{text}"', 'f":{text}"', ("tests/test_long_values.py",)),
+    Mutant("the overall code is the last descriptor's", "server/slidegate/service.py",
+           "        if blocking and not options.shadow_mode:\n            response.overall_code = OVER_LIMIT",
+           "        response.overall_code = OVER_LIMIT if blocking and not options.shadow_mode else OK",
+           ("tests/test_headers.py",)),
+    Mutant("a bucket counts a token it lacks a tick of (Lua)", "lua/token_bucket.lua",
+           "if q >= burst - st.n then", "if q + 1 >= burst - st.n then", ("tests/test_algorithms.py",)),
+    Mutant("a bucket counts a token it lacks a tick of (memory)", "server/slidegate/backends/memory.py",
+           "            tokens += more\n            if tokens >= burst:",
+           "            tokens += more\n            if tokens + 1 >= burst:", ("tests/test_algorithms.py",)),
+    Mutant("the log admits one past its limit", "lua/sliding_window_log.lua",
+           "if counted() + hits > st.limit then", "if counted() + hits > st.limit + 1 then",
+           ("tests/test_algorithms.py",)),
+    Mutant("a fixed window's hit counts one window late", "lua/fixed_window.lua",
+           "local over = st.count + hits > st.limit", "local over = st.count + hits > st.limit + 1",
+           ("tests/test_algorithms.py",)),
+    Mutant("a rejected request is written anyway", "lua/decide.lua",
+           "if admitted == 1 or st.counts_denied then\n      st.algorithm.save(st, now, hold)",
+           "if true then\n      st.algorithm.save(st, now, hold)", ("tests/test_algorithms.py",)),
+    Mutant("a long part is kept whole", "server/slidegate/keys.py",
+           "digest(text) if len(text) > MAX_TEXT_CHARS else", "digest(text) if False else",
+           ("tests/test_long_values.py",)),
+    Mutant("the breaker opens on one failure", "server/slidegate/backends/breaker.py",
+           "and now - self._first_failure >= self._open_after", "", ("tests/test_failure_policy.py",)),
+    Mutant("a batch's late deadline has no grace", "server/slidegate/backends/batching.py",
+           "        if grace and now - due > LATE_TIMER:\n            # the loop",
+           "        if False:\n            # the loop", ("tests/test_failure_policy.py",)),
+    Mutant("a cluster slot that rejects does not decide", "server/slidegate/backends/redis.py",
+           "if failed is not None and not any(isinstance(p, _Part) and not p.decision.admitted for p in parts):",
+           "if failed is not None:", ("tests/test_cluster_all_or_nothing.py",)),
+]
+
+
+def run(mutant: Mutant) -> tuple[bool, float]:
+    """Apply ``mutant``, run its tests, put the file back; (killed, seconds)."""
+    path = ROOT / mutant.path
+    original = path.read_text()
+    if original.count(mutant.original) != 1:
+        raise SystemExit(f"{mutant.name}: the code to change is not found once in {mutant.path}: update MUTANTS")
+    started = time.monotonic()
+    try:
+        path.write_text(original.replace(mutant.original, mutant.mutated))
+        done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
+                              cwd=ROOT, capture_output=True, text=True)
+    finally:
+        path.write_text(original)
+    return done.returncode != 0, time.monotonic() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="*", help="mutants whose name holds one of these words")
+    args = parser.parse_args()
+    survivors = []
+    for mutant in MUTANTS:
+        if args.only and not any(word in mutant.name for word in args.only):
+            continue
+        killed, seconds = run(mutant)
+        print(f"{'killed  ' if killed else 'SURVIVED'} {seconds:5.0f} s  {mutant.name} ({mutant.path})", flush=True)
+        if not killed:
+            survivors.append(mutant.name)
+    print(f"\n{len(survivors)} survived" + (": " + "; ".join(survivors) if survivors else ""))
+    sys.exit(1 if survivors else 0)
+
+
+if __name__ == "__main__":
+    main()
