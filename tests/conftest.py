@@ -11,18 +11,16 @@ import textwrap
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
 import redis
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
-from slidegate.backends.redis import RedisBackend
-from slidegate.config import load_directory
-from slidegate.limiter import Limiter, LimiterOptions
+from slidegate.application import build
+from slidegate.backends.base import Backend
 from slidegate.server import start_server
-from slidegate.service import AnswerOptions, RateLimitService
+from slidegate.settings import Settings
 from tests.redis_servers import INSTALL_HINT, RedisServer
 from tests.served import Served, Starter
 
@@ -124,22 +122,20 @@ def clock() -> Clock:
 async def rls(
     write_config: Callable[..., Path], redis_url: str, key_prefix: str, clock: Clock
 ) -> AsyncIterator[Callable[..., Awaitable[rls_pb2_grpc.RateLimitServiceStub]]]:
-    """``await rls(yaml_text, url=None, timeout=0.25, use_clock=True, limiter_options=None,
-    answer_options=None)`` starts an in-process gRPC service on a free port and returns a stub for it."""
-    started: list[tuple[grpc.aio.Server, RedisBackend, grpc.aio.Channel]] = []
+    """``await rls(yaml_text, url=None, timeout=0.25, use_clock=True, **settings)`` starts an in-process gRPC
+    service on a free port, built as `slidegate serve` builds it (slidegate.application) with ``settings``
+    (field names, values as their flags' text), and returns a stub for it."""
+    started: list[tuple[grpc.aio.Server, Backend, grpc.aio.Channel]] = []
 
     async def start(
-        text: str, *, url: str | None = None, timeout: float = 0.25, use_clock: bool = True,
-        limiter_options: dict[str, Any] | None = None, answer_options: dict[str, Any] | None = None,
+        text: str, *, url: str | None = None, timeout: float = 0.25, use_clock: bool = True, **settings: str,
     ) -> rls_pb2_grpc.RateLimitServiceStub:
-        limiter_options, answer_options = limiter_options or {}, answer_options or {}
-        config = load_directory(write_config(text))
-        backend = RedisBackend(url or redis_url, timeout=timeout)
-        limiter = Limiter(lambda: config, backend, LimiterOptions(key_prefix=key_prefix, **limiter_options),
-                          clock=clock if use_clock else None)
-        server, _, port = await start_server(RateLimitService(limiter, AnswerOptions(**answer_options)), "127.0.0.1", 0)
+        flags = {"config_dir": str(write_config(text)), "redis_url": url or redis_url,
+                 "redis_timeout": str(timeout), "cache_key_prefix": key_prefix, **settings}
+        app = build(Settings.load({}, flags), clock=clock if use_clock else None)
+        server, _, port = await start_server(app.service, "127.0.0.1", 0)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        started.append((server, backend, channel))
+        started.append((server, app.backend, channel))
         stub = rls_pb2_grpc.RateLimitServiceStub(channel)
         stub.channel = channel  # type: ignore[attr-defined]  # for tests that call the method with their own serializer
         return stub

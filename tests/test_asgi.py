@@ -76,7 +76,7 @@ def check_limits(client: TestClient) -> None:
     assert [r.status_code for r in responses] == [200, 200, 429]
     first, third = responses[0], responses[2]
     assert (first.headers["x-ratelimit-limit"], first.headers["x-ratelimit-remaining"]) == ("2", "1")
-    assert first.headers["ratelimit"] == '"descriptor0";r=1;t=60'
+    assert first.headers["ratelimit"] == '"remote_address";r=1;t=60'
     assert third.json() == {"error": "rate limited", "retry_after": 60} and third.headers["retry-after"] == "60"
     alice = [client.get("/api/hello", headers={"x-test-user": "alice"}).status_code for _ in range(4)]
     assert alice == [200, 200, 200, 429]

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slidegate.cli import main
+from slidegate.cli import _split_entries, main
 from slidegate.client import (
     AsyncRateLimitClient,
-    InProcessLimiter,
     InvalidRateLimitRequest,
     RateLimitClient,
     RateLimitUnavailable,
 )
+from slidegate.inprocess import InProcessLimiter
 from slidegate.stack import free_port
 from tests.redis_servers import RedisServer
 from tests.served import Served
@@ -113,8 +113,6 @@ def test_in_process_limiter_with_redis_down(write_config: Callable[..., Path], p
 
 
 def test_the_client_command_reads_commas_and_equals_in_values() -> None:
-    from slidegate.cli import _split_entries
-
     assert _split_entries("path=/a=b,x=y") == ["path=/a=b", "x=y"]  # '=' after the first is the value's
     assert _split_entries(r"q=a\,b,r=c\\d") == ["q=a,b", r"r=c\d"]
     assert _split_entries("k=") == ["k="]

@@ -20,6 +20,7 @@ from slidegate.algorithms import Algorithm
 from slidegate.backends.base import BackendUnavailable, Check
 from slidegate.backends.redis import RedisBackend, Topology
 from slidegate.config import load_directory
+from slidegate.failure_modes import FailureMode
 from slidegate.keys import limit_key
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions, Status
 from tests.redis_topologies import Cluster
@@ -48,7 +49,7 @@ def start(cluster: Cluster, write_config: Callable[..., Path]) -> Start:
     the test closes."""
 
     def make(org: int, user: int, algorithm: Algorithm, stop_when_over: bool = False, *,
-             domain_slot: bool = False, failure_mode: str = "error") -> tuple[Limiter, RedisBackend]:
+             domain_slot: bool = False, failure_mode: FailureMode = FailureMode.ERROR) -> tuple[Limiter, RedisBackend]:
         config = load_directory(write_config(f"""
             domain: o
             descriptors:
@@ -204,7 +205,7 @@ async def test_a_failed_compensating_call_leaves_the_request_rejected_and_its_hi
 async def test_a_slot_that_rejects_decides_even_when_another_fails(start: Start, cluster: Cluster) -> None:
     # the user's limit (a live slot) says over while the org's node fails: the request is rejected, not handed
     # to the failure mode (allow would have let every user of the org past their own limit)
-    limiter, backend = start(100, 1, LOG, failure_mode="allow")
+    limiter, backend = start(100, 1, LOG, failure_mode=FailureMode.ALLOW)
     spread(limiter, LOG, 1)
     org_key = limit_key(limiter._options.key_prefix, LOG.value, "o", [("org", "acme")])
     node = cluster.client(cluster.master_of(org_key))

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from slidegate.client import Decision, DescriptorDecision, policy_name
+from slidegate.client import Decision, DescriptorDecision
 from slidegate.contrib.common import MAX_VALUE, Options, RequestView, build_descriptors, client_ip
+from slidegate.headers import policy_name
 
 TRUSTED = [ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("2001:db8:ffff::/48")]
 
@@ -92,9 +93,9 @@ def test_bad_options(options: dict[str, Any], message: str) -> None:
 
 
 def test_policy_names_cannot_break_headers() -> None:
-    assert policy_name('a\r\nSet-Cookie: x="1"', 0) == 'a__Set-Cookie: x=\\"1\\"'
-    assert policy_name("名前", 2) == "__"
-    assert policy_name("", 3) == "descriptor3"
+    assert policy_name('a\r\nSet-Cookie: x="1"') == 'a__Set-Cookie: x=\\"1\\"'
+    assert policy_name("名前") == "__"
+    assert policy_name("", ("user", 'pa\\th"')) == 'user.pa\\\\th\\"'  # an unnamed limit: its keys
     decision = Decision(False, [DescriptorDecision(True, 5, 60, "límite\n", 0, 30.2)])
     assert dict(decision.headers())["RateLimit-Policy"] == '"l_mite_";q=5;w=60'
     assert all(value.isascii() and "\n" not in value for _, value in decision.headers())

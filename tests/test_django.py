@@ -81,8 +81,8 @@ def test_limits_anonymous_clients_by_address_with_exact_headers(service: Served)
         assert [first.status_code, second.status_code, third.status_code] == [200, 200, 429]
         assert (first["X-RateLimit-Limit"], first["X-RateLimit-Remaining"], first["X-RateLimit-Reset"]) == (
             "2", "1", "60")
-        assert first["RateLimit-Policy"] == '"descriptor0";q=2;w=60'
-        assert first["RateLimit"] == '"descriptor0";r=1;t=60'
+        assert first["RateLimit-Policy"] == '"remote_address";q=2;w=60'
+        assert first["RateLimit"] == '"remote_address";r=1;t=60'
         assert "Retry-After" not in first
         assert third.json() == {"error": "rate limited", "retry_after": 60}
         assert third["Retry-After"] == "60" and third["X-RateLimit-Remaining"] == "0"

@@ -23,6 +23,7 @@ from slidegate.backends.breaker import Breaker
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import ConfigError, LoadOptions, load_directory
 from slidegate.config.describe import describe_config
+from slidegate.failure_modes import FailureMode
 from slidegate.health import Health
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions
 from slidegate.service import RateLimitService
@@ -47,7 +48,7 @@ Start = Callable[..., Any]
 ])
 async def test_failure_modes(rls: Start, private_redis: RedisServer, mode: str, codes: list[int]) -> None:
     stub = await rls(CONFIG, url=private_redis.url, timeout=0.2, use_clock=False,
-                     limiter_options={"failure_mode": mode, "local_replicas": 2})
+                     failure_mode=mode, local_limit_replicas="2")
     private_redis.stop()
     got = [(await stub.ShouldRateLimit(request("f", descriptor(("k", "v"))))).overall_code for _ in range(5)]
     assert got == codes
@@ -146,7 +147,7 @@ def test_degraded_decisions_are_counted(write_config: Callable[..., Path], serve
 
 async def test_local_shares_are_rounded_up(rls: Start, private_redis: RedisServer) -> None:
     stub = await rls(CONFIG.replace("requests_per_unit: 4", "requests_per_unit: 1"), url=private_redis.url,
-                     timeout=0.2, use_clock=False, limiter_options={"failure_mode": "local", "local_replicas": 3})
+                     timeout=0.2, use_clock=False, failure_mode="local", local_limit_replicas="3")
     private_redis.stop()
     got = [(await stub.ShouldRateLimit(request("f", descriptor(("k", "v"))))).overall_code for _ in range(2)]
     assert got == [OK, OVER_LIMIT]  # 1 per minute over 3 replicas: still 1 here, not 0
@@ -326,7 +327,7 @@ async def hung_service(directory: Path, redis_server: RedisServer, mode: str) ->
     and is then stopped (SIGSTOP: hung, its connections open); the caller sends SIGCONT."""
     config = load_directory(directory)
     backend = RedisBackend(redis_server.url, timeout=2.0)
-    service = RateLimitService(Limiter(lambda: config, backend, LimiterOptions(failure_mode=mode)))
+    service = RateLimitService(Limiter(lambda: config, backend, LimiterOptions(failure_mode=FailureMode(mode))))
     await service.decide("f", [Descriptor((("k", "v"),))], 0)
     assert redis_server.process is not None
     redis_server.process.send_signal(signal.SIGSTOP)

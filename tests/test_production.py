@@ -196,7 +196,7 @@ def test_response_headers(write_config: Callable[..., Path], serve: Callable[...
     assert headers["RateLimit-Limit"] == "2, 2;w=60, 100;w=60"
     assert headers["RateLimit-Remaining"] == "1"
     assert headers["RateLimit-Reset"] == "60"
-    assert headers["RateLimit-Policy"] == '"per-user";q=2;w=60, "descriptor1";q=100;w=60'
+    assert headers["RateLimit-Policy"] == '"per-user";q=2;w=60, "path";q=100;w=60'
     assert headers["RateLimit"] == '"per-user";r=1;t=60'
     assert "Retry-After" not in headers
     stub.ShouldRateLimit(request("p", descriptor(("user", "hd"))))

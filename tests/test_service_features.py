@@ -96,14 +96,14 @@ async def test_shadow_mode_rule_never_rejects(rls: Start) -> None:
 
 
 async def test_global_shadow_mode(rls: Start) -> None:
-    stub = await rls(CONFIG, limiter_options={"shadow_mode": True}, answer_options={"shadow_mode": True})
+    stub = await rls(CONFIG, shadow_mode="true")
     replies = [await stub.ShouldRateLimit(request("f", descriptor(("user", "g")))) for _ in range(3)]
     assert [r.overall_code for r in replies] == [OK, OK, OK]
     assert [r.statuses[0].code for r in replies] == [OK, OK, OVER_LIMIT]  # descriptors keep their real code
 
 
 async def test_quota_mode_and_dynamic_metadata(rls: Start) -> None:
-    stub = await rls(CONFIG, answer_options={"dynamic_metadata": True})
+    stub = await rls(CONFIG, response_dynamic_metadata="true")
     replies = [await stub.ShouldRateLimit(request("f", descriptor(("quota", "q")), descriptor(("nothing", "x"))))
                for _ in range(2)]
     assert [r.overall_code for r in replies] == [OK, OK]
@@ -165,7 +165,7 @@ async def test_values_that_are_not_utf8_are_limited(rls: Start) -> None:
 
 
 async def test_an_override_with_a_window_beyond_exact_counting_is_refused(rls: Start) -> None:
-    stub = await rls(CONFIG, limiter_options={"default_algorithm": Algorithm.TOKEN_BUCKET})
+    stub = await rls(CONFIG, default_algorithm=Algorithm.TOKEN_BUCKET.value)
     d = descriptor(("user", "o"))
     d.limit.requests_per_unit, d.limit.unit = 1, ratelimit_unit_pb2.YEAR
     d.limit.unit_multiplier.value = 1000
@@ -178,7 +178,7 @@ async def test_an_override_with_a_window_beyond_exact_counting_is_refused(rls: S
 
 async def test_an_override_of_the_largest_token_bucket_counts_exactly(rls: Start, clock: Clock) -> None:
     # 4294967291 (a prime) a year: a token is 31,536,000,000,000 ticks, a full bucket about 2^77 (once refused)
-    stub = await rls(CONFIG, limiter_options={"default_algorithm": Algorithm.TOKEN_BUCKET})
+    stub = await rls(CONFIG, default_algorithm=Algorithm.TOKEN_BUCKET.value)
 
     async def take(hits: int) -> tuple[int, int, int]:
         d = descriptor(("user", "o"), hits=hits)
@@ -196,7 +196,7 @@ async def test_an_override_of_the_largest_token_bucket_counts_exactly(rls: Start
 
 
 async def test_dynamic_metadata_with_values_that_are_not_utf8(rls: Start) -> None:
-    stub = await rls(CONFIG, answer_options={"dynamic_metadata": True})
+    stub = await rls(CONFIG, response_dynamic_metadata="true")
     raw = lenient_pb2.LenientRateLimitRequest(domain=b"f")
     entry = raw.descriptors.add().entries.add()
     entry.key, entry.value = b"user", b"\xff"
@@ -228,7 +228,7 @@ async def test_the_deepest_metadata_a_config_may_hold_reaches_the_caller(rls: St
     deepest = "[" * 19 + "1" + "]" * 19  # with its mapping, as deep as the config allows
     stub = await rls(f"domain: f\ndescriptors:\n  - key: deep\n    rate_limit: {{unit: hour, requests_per_unit: 5}}\n"
                      f"    metadata: {{x: {deepest}, n: {2**53}}}\n",
-                     answer_options={"dynamic_metadata": True})
+                     response_dynamic_metadata="true")
     reply = await stub.ShouldRateLimit(request("f", descriptor(("deep", "d"))))  # parsed by the client
     metadata = json_format.MessageToDict(reply.dynamic_metadata)["descriptors"][0]["metadata"]
     assert metadata["n"] == 2**53 and json.dumps(metadata["x"]) == deepest.replace("1", "1.0")

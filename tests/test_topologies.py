@@ -24,6 +24,7 @@ from slidegate.backends.base import BackendUnavailable
 from slidegate.backends.breaker import Breaker
 from slidegate.backends.redis import RedisBackend, Topology
 from slidegate.config import Config, load_directory
+from slidegate.failure_modes import FailureMode
 from slidegate.keys import limit_key
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions, Status
 from slidegate.settings import Settings, SettingsError
@@ -434,7 +435,7 @@ def test_topology_settings_errors_are_precise(env: dict[str, str], message: str)
 async def test_a_wrong_topology_is_unavailable_and_gets_the_failure_mode(topology: Topology, config: Config) -> None:
     backend = RedisBackend(topology, timeout=0.2)
     limiter = Limiter(lambda: config, backend, LimiterOptions(key_prefix=f"test-{uuid.uuid4().hex[:8]}:",
-                                                              failure_mode="deny"))
+                                                              failure_mode=FailureMode.DENY))
     try:
         started = time.monotonic()
         with pytest.raises(BackendUnavailable):

@@ -11,6 +11,7 @@ import enum
 import math
 
 MAX_EXACT = 2**53  # integers up to here are exact in a Lua (double) number
+MAX_WINDOW_SECONDS = MAX_EXACT // 1_000_000  # windows are counted in microseconds, exact in a Lua double
 
 
 class Algorithm(enum.StrEnum):

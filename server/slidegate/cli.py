@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -15,13 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import click
+import grpc
 
 from slidegate import __version__
 from slidegate.algorithms import Algorithm
+from slidegate.client import RateLimitClient, RateLimitUnavailable
 from slidegate.config import ConfigError, LoadOptions, load_directory
 from slidegate.config.describe import describe_config
+from slidegate.demo import run_demo
 from slidegate.logs import configure_logging
+from slidegate.server import run
 from slidegate.settings import SPECS, Settings, SettingsError
+from slidegate.workers import run_workers
 
 _ENV_NOTE = "Every setting can also be given by the environment variable shown; a flag wins over it."
 
@@ -45,8 +51,6 @@ def main() -> None:
 @settings_options
 def serve(**flags: str | None) -> None:
     """Serve envoy.service.ratelimit.v3.RateLimitService over gRPC (and HTTP) until SIGTERM."""
-    from slidegate.server import run
-
     try:
         settings = Settings.load(os.environ, flags)
     except SettingsError as exc:
@@ -62,8 +66,6 @@ def serve(**flags: str | None) -> None:
         sys.exit(1)
     try:
         if settings.workers > 1:
-            from slidegate.workers import run_workers
-
             # the workers load it too: an invalid config is reported once, here
             load_directory(settings.config_path, LoadOptions(settings.merge_domain_config, settings.default_algorithm))
             sys.exit(run_workers(settings))
@@ -105,8 +107,6 @@ def check_config(config_dir: str, default_algorithm: str, merge_domain_config: b
               help="Redis the demo's slidegate uses (its keys get a fresh prefix each run).")
 def demo(redis_url: str) -> None:
     """Start slidegate, a demo upstream and Envoy; send traffic through Envoy; show what each request got."""
-    from slidegate.demo import run_demo
-
     sys.exit(run_demo(redis_url))
 
 
@@ -154,11 +154,8 @@ def client(target: str, domain: str, descriptors: tuple[str, ...], hits: int, ti
 
     Exit code 0 when allowed, 1 when over limit, 2 for an error.
     """
-    import dataclasses
 
-    import grpc
 
-    from slidegate.client import RateLimitClient, RateLimitUnavailable
 
     if not math.isfinite(timeout) or timeout > 3600:
         raise click.BadParameter(f"{timeout} is not a number of seconds up to 3600", param_hint="--timeout")

@@ -1,5 +1,5 @@
-"""A small typed client for any Envoy-compatible rate-limit service (envoy.service.ratelimit.v3), and the same
-``Decision`` from slidegate's own limiter in this process (no gRPC hop).
+"""A small typed client for any Envoy-compatible rate-limit service (envoy.service.ratelimit.v3). Its
+``Decision`` is also what slidegate.inprocess answers, from slidegate's own limiter in this process.
 
     client = RateLimitClient("127.0.0.1:8081", timeout=0.05)           # or AsyncRateLimitClient
     decision = client.should_rate_limit("web", [[("remote_address", ip)], {"path": "/login"}])
@@ -13,21 +13,17 @@ Descriptors are sequences of (key, value) pairs, or mappings (entries in their o
 from __future__ import annotations
 
 import asyncio
-import math
-import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from slidegate.headers import Shown, middleware_headers, retry_after
+from slidegate.units import Unit
 
 DescriptorSpec = Sequence[tuple[str, str]] | Mapping[str, str]
-T = TypeVar("T")
-_WINDOWS = {"SECOND": 1, "MINUTE": 60, "HOUR": 3600, "DAY": 86400, "WEEK": 604800, "MONTH": 2592000,
-            "YEAR": 31536000}
 
 
 class RateLimitUnavailable(Exception):
@@ -48,7 +44,8 @@ def _unavailable(exc: grpc.RpcError) -> RateLimitUnavailable:
 @dataclass(frozen=True, slots=True)
 class DescriptorDecision:
     """One descriptor's answer. ``limit`` (requests per ``window_seconds``) is None when no limit applies;
-    ``reset_seconds``: time until the limit resets (over limit: until this request would fit)."""
+    ``reset_seconds``: time until the limit resets (over limit: until this request would fit); ``keys``: the
+    descriptor's entry keys (they name an unnamed limit in the headers)."""
 
     over: bool
     limit: int | None
@@ -56,6 +53,7 @@ class DescriptorDecision:
     name: str
     remaining: int
     reset_seconds: float
+    keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,42 +63,22 @@ class Decision:
     allowed: bool
     descriptors: list[DescriptorDecision]
 
+    def _shown(self) -> list[Shown]:
+        return [Shown(d.name, d.keys, d.limit, d.window_seconds or 0, d.remaining, round(d.reset_seconds * 1e6),
+                      d.over, d.over and not self.allowed) for d in self.descriptors if d.limit is not None]
+
     @property
     def retry_after(self) -> int | None:
         """Whole seconds (at least 1) until a rejected request would fit; None when allowed."""
         if self.allowed:
             return None
-        waits = [d.reset_seconds for d in self.descriptors if d.over] or [1.0]
-        return max(1, math.ceil(max(waits)))
+        return retry_after(self._shown()) or 1
 
     def headers(self) -> list[tuple[str, str]]:
         """``X-RateLimit-Limit/Remaining/Reset`` from the limited descriptor with the least remaining (an
         over-limit one first), the IETF draft's ``RateLimit-Policy`` and ``RateLimit`` fields, and
-        ``Retry-After`` when rejected. Empty when no descriptor had a limit."""
-        limited = [(i, d) for i, d in enumerate(self.descriptors) if d.limit is not None]
-        if not limited:
-            return []
-        index, chosen = min(limited, key=lambda item: (not item[1].over, item[1].remaining))
-        reset = math.ceil(chosen.reset_seconds)
-        names = {i: policy_name(d.name, i) for i, d in limited}
-        headers = [
-            ("X-RateLimit-Limit", str(chosen.limit)),
-            ("X-RateLimit-Remaining", str(chosen.remaining)),
-            ("X-RateLimit-Reset", str(reset)),
-            ("RateLimit-Policy", ", ".join(f'"{names[i]}";q={d.limit};w={d.window_seconds}' for i, d in limited)),
-            ("RateLimit", f'"{names[index]}";r={chosen.remaining};t={reset}'),
-        ]
-        if self.retry_after is not None:
-            headers.append(("Retry-After", str(self.retry_after)))
-        return headers
-
-
-def policy_name(name: str, index: int) -> str:
-    """A limit's name as a structured-field string's content: printable ASCII, quotes and backslashes
-    escaped, anything else ``_`` (a config name must not break or inject response headers)."""
-    text = name or f"descriptor{index}"
-    safe = "".join(c if " " <= c <= "~" else "_" for c in text)
-    return safe.replace("\\", "\\\\").replace('"', '\\"')
+        ``Retry-After`` when rejected (slidegate.headers). Empty when no descriptor had a limit."""
+        return middleware_headers(self._shown())
 
 
 def build_request(domain: str, descriptors: Sequence[DescriptorSpec], hits_addend: int = 0) -> rls_pb2.RateLimitRequest:
@@ -114,20 +92,22 @@ def build_request(domain: str, descriptors: Sequence[DescriptorSpec], hits_adden
     return request
 
 
-def decision_from_response(response: rls_pb2.RateLimitResponse) -> Decision:
-    """The Decision a RateLimitResponse carries."""
+def decision_from_response(response: rls_pb2.RateLimitResponse,
+                           request: rls_pb2.RateLimitRequest | None = None) -> Decision:
+    """The Decision a RateLimitResponse carries (``request``: the request it answers, for the keys)."""
+    keys = [tuple(e.key for e in d.entries) for d in request.descriptors] if request is not None else []
     out = []
-    for status in response.statuses:
+    for i, status in enumerate(response.statuses):
         limit = window = None
         name = ""
         if status.HasField("current_limit"):
             current = status.current_limit
-            unit = rls_pb2.RateLimitResponse.RateLimit.Unit.Name(current.unit)
             multiplier = current.unit_multiplier.value if current.HasField("unit_multiplier") else 1
-            limit, window, name = current.requests_per_unit, _WINDOWS.get(unit, 0) * multiplier, current.name
+            unit = Unit.from_wire(current.unit)
+            limit, window, name = current.requests_per_unit, unit.seconds * multiplier if unit else 0, current.name
         reset = status.duration_until_reset.seconds + status.duration_until_reset.nanos / 1e9
         out.append(DescriptorDecision(status.code == rls_pb2.RateLimitResponse.OVER_LIMIT, limit, window, name,
-                                      status.limit_remaining, reset))
+                                      status.limit_remaining, reset, keys[i] if i < len(keys) else ()))
     return Decision(response.overall_code != rls_pb2.RateLimitResponse.OVER_LIMIT, out)
 
 
@@ -145,12 +125,12 @@ class RateLimitClient:
                           timeout: float | None = None) -> Decision:
         """Ask the service. Raises InvalidRateLimitRequest when it refuses the request as invalid,
         RateLimitUnavailable on any other gRPC error, the deadline included."""
+        request = build_request(domain, descriptors, hits_addend)
         try:
-            response = self._stub.ShouldRateLimit(build_request(domain, descriptors, hits_addend),
-                                                  timeout=self._timeout if timeout is None else timeout)
+            response = self._stub.ShouldRateLimit(request, timeout=self._timeout if timeout is None else timeout)
         except grpc.RpcError as exc:
             raise _unavailable(exc) from exc
-        return decision_from_response(response)
+        return decision_from_response(response, request)
 
     def close(self) -> None:
         self._channel.close()
@@ -176,76 +156,13 @@ class AsyncRateLimitClient:
                              else grpc.aio.insecure_channel(self._target))
             self._stub = rls_pb2_grpc.RateLimitServiceStub(self._channel)
             self._loop = loop
+        request = build_request(domain, descriptors, hits_addend)
         try:
-            response = await self._stub.ShouldRateLimit(build_request(domain, descriptors, hits_addend),
-                                                        timeout=self._timeout if timeout is None else timeout)
+            response = await self._stub.ShouldRateLimit(request, timeout=self._timeout if timeout is None else timeout)
         except grpc.RpcError as exc:
             raise _unavailable(exc) from exc
-        return decision_from_response(response)
+        return decision_from_response(response, request)
 
     async def close(self) -> None:
         if self._channel is not None:
             await self._channel.close(None)
-
-
-class InProcessLimiter:
-    """slidegate's own limiter in this process: the config in ``config_dir``, counters in the Redis at
-    ``redis_url`` (shared with slidegate services using the same ``key_prefix``) or, with None, in memory.
-    ``should_rate_limit`` is a coroutine; ``should_rate_limit_blocking`` serves synchronous code (Django) by
-    running it on a private event loop thread. ``clock`` (microseconds) is for tests."""
-
-    def __init__(self, config_dir: str | Path, redis_url: str | None = None, *, key_prefix: str = "",
-                 timeout: float = 0.05, clock: Callable[[], int] | None = None) -> None:
-        from slidegate.backends.base import Backend
-        from slidegate.backends.memory import MemoryBackend
-        from slidegate.backends.redis import RedisBackend
-        from slidegate.config import load_directory
-        from slidegate.limiter import Limiter, LimiterOptions
-        from slidegate.service import RateLimitService
-
-        config = load_directory(config_dir)
-        self._backend: Backend = RedisBackend(redis_url, timeout=timeout) if redis_url else MemoryBackend()
-        limiter = Limiter(lambda: config, self._backend, LimiterOptions(key_prefix=key_prefix), clock=clock)
-        self._service = RateLimitService(limiter)
-        self._timeout = timeout
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
-
-    async def should_rate_limit(self, domain: str, descriptors: Sequence[DescriptorSpec], hits_addend: int = 0,
-                                timeout: float | None = None) -> Decision:
-        """Decide in this process. Raises InvalidRateLimitRequest for a request the service would refuse,
-        RateLimitUnavailable when the storage does not answer."""
-        from slidegate._proto.slidegate.wire.v1 import lenient_pb2
-        from slidegate.backends.base import BackendUnavailable
-        from slidegate.limiter import InvalidOverride
-        from slidegate.service import InvalidRequest, parse_request
-
-        raw = build_request(domain, descriptors, hits_addend).SerializeToString()
-        try:
-            parsed_domain, parsed = parse_request(lenient_pb2.LenientRateLimitRequest.FromString(raw))
-            response = await self._service.decide(parsed_domain, parsed, hits_addend,
-                                                  self._timeout if timeout is None else timeout)
-        except (InvalidRequest, InvalidOverride) as exc:
-            raise InvalidRateLimitRequest(f"INVALID_ARGUMENT: {exc}") from exc
-        except BackendUnavailable as exc:
-            raise RateLimitUnavailable(str(exc)) from exc
-        return decision_from_response(response)
-
-    def should_rate_limit_blocking(self, domain: str, descriptors: Sequence[DescriptorSpec], hits_addend: int = 0,
-                                   timeout: float | None = None) -> Decision:
-        """``should_rate_limit`` for synchronous callers."""
-        return self._run(self.should_rate_limit(domain, descriptors, hits_addend, timeout))
-
-    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        with self._lock:
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                threading.Thread(target=self._loop.run_forever, daemon=True, name="slidegate-limiter").start()
-        # the coroutine has its own deadline; this one only guards against a loop that is gone (after fork)
-        try:
-            return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(self._timeout + 5)
-        except TimeoutError as exc:
-            raise RateLimitUnavailable("the in-process limiter's event loop does not answer") from exc
-
-    async def close(self) -> None:
-        await self._backend.close()

@@ -9,7 +9,6 @@ Exit code 0 when every request got the status the limits predict, 1 otherwise.
 from __future__ import annotations
 
 import contextlib
-import os
 import tempfile
 import time
 import urllib.error
@@ -124,6 +123,3 @@ def run_demo(redis_url: str, echo: Callable[[str], None] = click.echo) -> int:
     echo("Every request got the status the limits predict. Stack stopped.")
     return 0
 
-
-def default_redis_url() -> str:
-    return os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -1,52 +1,108 @@
-"""Rate-limit response headers the service can add to Envoy's answer (LIMIT_RESPONSE_HEADERS_ENABLED).
+"""Rate-limit response headers, written once for the service's answer to Envoy and for the client's middleware.
 
-``RateLimit-Limit``, ``RateLimit-Remaining`` and ``RateLimit-Reset`` as envoyproxy/ratelimit sends them, taken
-from the limited descriptor with the least remaining (an over-limit one wins; ties go to the first), plus
-``Retry-After`` on an over-limit answer. With LIMIT_RESPONSE_HEADERS_IETF the structured fields of the IETF
-draft (draft-ietf-httpapi-ratelimit-headers) are added too: ``RateLimit-Policy`` listing every limit and
-``RateLimit`` for the one closest to its end. Seconds are rounded up, so a client told to wait never retries
-before it may.
+Both describe the limited descriptor with the least remaining (an over-limit one wins; ties go to the first)
+and add ``Retry-After`` to a rejection. The service sends envoyproxy/ratelimit's ``RateLimit-Limit``,
+``RateLimit-Remaining`` and ``RateLimit-Reset`` (LIMIT_RESPONSE_HEADERS_ENABLED), with
+LIMIT_RESPONSE_HEADERS_IETF also the structured fields of the IETF draft (draft-ietf-httpapi-ratelimit-headers):
+``RateLimit-Policy`` listing every limit and ``RateLimit`` for the chosen one. The middleware sends
+``X-RateLimit-*`` and the IETF fields. Seconds are rounded up, so a client told to wait never retries before it
+may. This module depends on nothing of slidegate's: callers hand it ``Shown`` values.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Sequence
-
-from slidegate.client import policy_name
-from slidegate.limiter import Status
+from dataclasses import dataclass
 
 
-def _seconds(us: int) -> int:
+class ResponseHeaders(enum.Enum):
+    """Which headers the service adds to its answers: none; ``RATELIMIT``, envoyproxy/ratelimit's
+    (LIMIT_RESPONSE_HEADERS_ENABLED); ``IETF``, those and the IETF draft's fields (LIMIT_RESPONSE_HEADERS_IETF
+    too)."""
+
+    NONE = "none"
+    RATELIMIT = "ratelimit"
+    IETF = "ietf"
+
+
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """One descriptor that has a limit, as the headers tell it. ``name``: the limit's name ("" when it has
+    none); ``keys``: the descriptor's entry keys, which name an unnamed limit; ``blocking``: over its limit in
+    a way that rejects the request (not shadow mode)."""
+
+    name: str
+    keys: tuple[str, ...]
+    limit: int
+    window_seconds: int
+    remaining: int
+    reset_us: int
+    over: bool
+    blocking: bool
+
+
+def seconds(us: int) -> int:
+    """Whole seconds, rounded up."""
     return math.ceil(us / 1_000_000)
 
 
-def _policy_name(status: Status, index: int) -> str:
-    return policy_name(status.limit.name if status.limit else "", index)
+def policy_name(name: str, keys: Sequence[str] = ()) -> str:
+    """A limit's name as a structured-field string's content: the limit's own name, else its descriptor's keys
+    joined by ``.`` (``remote_address.path``); printable ASCII, quotes and backslashes escaped, anything else
+    ``_`` (a config name or request key must not break or inject response headers)."""
+    text = name or ".".join(keys) or "limit"
+    safe = "".join(c if " " <= c <= "~" else "_" for c in text)
+    return safe.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def rate_limit_headers(statuses: Sequence[Status], over: bool, ietf: bool = False) -> list[tuple[str, str]]:
-    """The headers for one answer (empty when no descriptor had a limit). ``over``: the request is rejected."""
-    limited = [(i, s) for i, s in enumerate(statuses) if s.limit is not None and s.limit.unit is not None]
-    if not limited:
+def chosen(shown: Sequence[Shown]) -> Shown:
+    """The descriptor the headers describe: over its limit first, then the least remaining, then the first."""
+    return min(shown, key=lambda s: (not s.over, s.remaining))
+
+
+def retry_after(shown: Sequence[Shown]) -> int | None:
+    """Whole seconds (at least 1) until a rejected request would fit; None when nothing rejects it."""
+    waits = [s.reset_us for s in shown if s.blocking]
+    return max(1, seconds(max(waits))) if waits else None
+
+
+def _ietf(shown: Sequence[Shown], current: Shown) -> list[tuple[str, str]]:
+    policies = ", ".join(f'"{policy_name(s.name, s.keys)}";q={s.limit};w={s.window_seconds}' for s in shown)
+    now = f'"{policy_name(current.name, current.keys)}";r={current.remaining};t={seconds(current.reset_us)}'
+    return [("RateLimit-Policy", policies), ("RateLimit", now)]
+
+
+def envoy_headers(shown: Sequence[Shown], *, ietf: bool) -> list[tuple[str, str]]:
+    """The headers the service adds to its answer (empty when no descriptor has a limit)."""
+    if not shown:
         return []
-    index, chosen = min(limited, key=lambda item: (not item[1].over, item[1].remaining))
-    assert chosen.limit is not None
-    windows = ", ".join(f"{s.limit.requests_per_unit};w={s.limit.window_seconds}" for _, s in limited if s.limit)
+    current = chosen(shown)
+    windows = ", ".join(f"{s.limit};w={s.window_seconds}" for s in shown)
     headers = [
-        ("RateLimit-Limit", f"{chosen.limit.requests_per_unit}, {windows}"),
-        ("RateLimit-Remaining", str(chosen.remaining)),
-        ("RateLimit-Reset", str(_seconds(chosen.reset_us))),
+        ("RateLimit-Limit", f"{current.limit}, {windows}"),
+        ("RateLimit-Remaining", str(current.remaining)),
+        ("RateLimit-Reset", str(seconds(current.reset_us))),
     ]
-    if over:
-        wait = max(s.reset_us for _, s in limited if s.over and not s.shadow)
-        headers.append(("Retry-After", str(max(1, _seconds(wait)))))
-    if ietf:
-        policies = ", ".join(
-            f'"{_policy_name(s, i)}";q={s.limit.requests_per_unit};w={s.limit.window_seconds}'
-            for i, s in limited if s.limit
-        )
-        headers.append(("RateLimit-Policy", policies))
-        current = f'"{_policy_name(chosen, index)}";r={chosen.remaining};t={_seconds(chosen.reset_us)}'
-        headers.append(("RateLimit", current))
+    wait = retry_after(shown)
+    if wait is not None:
+        headers.append(("Retry-After", str(wait)))
+    return headers + _ietf(shown, current) if ietf else headers
+
+
+def middleware_headers(shown: Sequence[Shown]) -> list[tuple[str, str]]:
+    """The headers an application's middleware adds to its response (empty when no descriptor has a limit)."""
+    if not shown:
+        return []
+    current = chosen(shown)
+    headers = [
+        ("X-RateLimit-Limit", str(current.limit)),
+        ("X-RateLimit-Remaining", str(current.remaining)),
+        ("X-RateLimit-Reset", str(seconds(current.reset_us))),
+        *_ietf(shown, current),
+    ]
+    wait = retry_after(shown)
+    if wait is not None:
+        headers.append(("Retry-After", str(wait)))
     return headers

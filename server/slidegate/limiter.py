@@ -10,10 +10,11 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from slidegate.algorithms import Algorithm
+from slidegate.algorithms import MAX_WINDOW_SECONDS, Algorithm
 from slidegate.backends.base import Backend, BackendUnavailable, Check, DeadlineExceeded, Decision, Outcome
-from slidegate.config.loader import MAX_WINDOW_SECONDS
+from slidegate.backends.memory import MemoryBackend
 from slidegate.config.model import Config, DescriptorNode, RateLimit
+from slidegate.failure_modes import FailureMode
 from slidegate.keys import limit_key
 from slidegate.units import Unit
 
@@ -60,7 +61,7 @@ class Status:
     shadow: bool = False
     rule: DescriptorNode | None = None
     hits: int = 0
-    degraded: str | None = None  # the failure mode that decided, when the storage did not
+    degraded: FailureMode | None = None  # the failure mode that decided, when the storage did not
     late: bool = False  # degraded because the caller's deadline was running out, not because the storage failed
     cached: bool = False  # answered from this process's memory of over-limit answers, not by the storage
 
@@ -101,7 +102,7 @@ class LimiterOptions:
     default_algorithm: Algorithm = Algorithm.SLIDING_WINDOW_LOG
     stop_when_over: bool = False
     shadow_mode: bool = False
-    failure_mode: str = "error"
+    failure_mode: FailureMode = FailureMode.ERROR
     local_replicas: int = 1
     domain_slot: bool = False
 
@@ -188,6 +189,11 @@ class Limiter:
             counted.append(index)
         return Plan(config, domain, tuple(statuses), tuple(checks), tuple(counted))
 
+    @property
+    def shadow_mode(self) -> bool:
+        """SHADOW_MODE: no limit rejects anything (the service answers OK overall)."""
+        return self._options.shadow_mode
+
     def is_current(self, plan: Plan) -> bool:
         """Whether ``plan`` was matched against the config in force now (after a reload it must be redone)."""
         return plan.config is self._config()
@@ -203,7 +209,7 @@ class Limiter:
             return statuses
         now = self._clock() if self._clock else None
         mode = plan.config.domains[plan.domain].failure_mode or self._options.failure_mode
-        answer_late = mode != "error" and timeout is not None and timeout > 2 * ANSWER_MARGIN
+        answer_late = mode is not FailureMode.ERROR and timeout is not None and timeout > 2 * ANSWER_MARGIN
         degraded, late = None, False
         try:
             decision = await self._backend.decide(
@@ -214,7 +220,7 @@ class Limiter:
             degraded, late = mode, True
             decision = await self._degraded(mode, plan.checks, now)
         except BackendUnavailable:
-            if mode == "error":
+            if mode is FailureMode.ERROR:
                 raise
             degraded = mode
             decision = await self._degraded(mode, plan.checks, now)
@@ -231,15 +237,13 @@ class Limiter:
         Raises BackendUnavailable and InvalidOverride."""
         return await self.decide(self.prepare(domain, descriptors, hits_addend), timeout)
 
-    async def _degraded(self, mode: str, checks: Sequence[Check], now: int | None) -> Decision:
+    async def _degraded(self, mode: FailureMode, checks: Sequence[Check], now: int | None) -> Decision:
         """The decision of failure mode ``mode`` (allow, deny or local) for ``checks``."""
-        if mode == "allow":
+        if mode is FailureMode.ALLOW:
             return Decision(True, [Outcome(False, c.limit, 0) for c in checks])
-        if mode == "deny":
+        if mode is FailureMode.DENY:
             return Decision(False, [Outcome(c.hits > 0, 0, c.window_us) for c in checks])
         if self._local is None:
-            from slidegate.backends.memory import MemoryBackend
-
             self._local = MemoryBackend()
         share = max(1, self._options.local_replicas)
 

@@ -10,7 +10,9 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -18,56 +20,25 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from slidegate.allocator import return_large_blocks
-from slidegate.backends.base import Backend
-from slidegate.backends.blocked import OverLimitCache
-from slidegate.backends.breaker import Breaker
-from slidegate.backends.memory import MemoryBackend
-from slidegate.backends.redis import RedisBackend, TlsOptions, Topology
-from slidegate.config import LoadOptions, load_directory
+from slidegate.application import build
 from slidegate.health import Health
 from slidegate.heap import Heap
 from slidegate.httpapi import make_app, start_app
-from slidegate.limiter import Limiter, LimiterOptions
-from slidegate.metrics import Metrics
-from slidegate.reload import ConfigHolder, ConfigWatcher
-from slidegate.service import AnswerOptions, RateLimitService
+from slidegate.reload import ConfigWatcher
+from slidegate.service import RateLimitService
 from slidegate.settings import DEFAULT_MAX_RECV_MSG_SIZE, Settings
 from slidegate.tls import server_credentials
 
+run_loop: Callable[[Coroutine[Any, Any, None]], None]
+try:
+    import uvloop
+
+    run_loop = uvloop.run
+except ImportError:  # not installed on Windows (pyproject.toml)
+    run_loop = asyncio.run
+
 log = logging.getLogger("slidegate")
 _RLS = "envoy.service.ratelimit.v3.RateLimitService"
-
-
-def make_backend(settings: Settings) -> Backend:
-    """The storage backend the settings ask for. Raises ValueError for a malformed Redis URL or a TLS file
-    that does not exist."""
-    if settings.backend_type == "memory":
-        return MemoryBackend()
-    url = settings.redis_url
-    if settings.redis_type == "single" and settings.redis_tls and url.startswith("redis://"):
-        url = "rediss://" + url.removeprefix("redis://")
-    for name in ("redis_tls_cacert", "redis_tls_client_cert", "redis_tls_client_key"):
-        file = getattr(settings, name)
-        if file and not Path(file).is_file():
-            raise ValueError(f"{name.upper()}: no such file {file!r}")
-    tls = None
-    if settings.redis_tls or url.startswith("rediss://"):
-        tls = TlsOptions(settings.redis_tls_cacert, settings.redis_tls_client_cert, settings.redis_tls_client_key,
-                         check_hostname=not settings.redis_tls_skip_hostname_verification)
-    topology = Topology(settings.redis_type, url, tls=tls, auth=_auth(settings.redis_auth),
-                        sentinel_auth=_auth(settings.redis_sentinel_auth))
-    # the breaker: a dead Redis costs microseconds per call, not a timeout each; the cache: a request that can
-    # only be rejected costs no round trip
-    return OverLimitCache(RedisBackend(topology, timeout=settings.redis_timeout, pool_size=settings.redis_pool_size,
-                                       breaker=Breaker(), wait_replicas=settings.redis_wait_replicas,
-                                       wait_timeout=settings.redis_wait_timeout))
-
-
-def _auth(text: str) -> tuple[str | None, str] | None:
-    """REDIS_AUTH's forms: a password, or user:password (an ACL user); given apart from the URL, never
-    quoted into it."""
-    user, sep, password = text.partition(":")
-    return (user, password) if sep else (None, text) if text else None
 
 
 async def start_server(
@@ -106,46 +77,30 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
     finish (at most DRAIN_TIMEOUT); ``reuse_port``: share the ports with the other workers. Raises ConfigError
     for an invalid config, ValueError for a malformed Redis URL and OSError when a port is taken or a TLS file
     cannot be read."""
-    load = LoadOptions(merge_domains=settings.merge_domain_config, default_algorithm=settings.default_algorithm)
-    directory = settings.config_path
-    holder = ConfigHolder(load_directory(directory, load))
-    config = holder.current
+    heap = Heap()
+    app = build(settings, heap=heap)
+    config, directory, holder, backend = app.holder.current, settings.config_path, app.holder, app.backend
     if not config.domains:
         log.warning("no domain in %s: every request will be answered OK with no limit", directory)
-    metrics = Metrics(settings.near_limit_ratio)
-    metrics.config_load_success.inc()
-    backend = make_backend(settings)
-    limiter = Limiter(lambda: holder.current, backend, LimiterOptions(
-        key_prefix=settings.cache_key_prefix, default_algorithm=settings.default_algorithm,
-        stop_when_over=settings.stop_cache_key_increment_when_overlimit, shadow_mode=settings.shadow_mode,
-        failure_mode=settings.failure_mode, local_replicas=settings.local_limit_replicas,
-        domain_slot=settings.redis_hash_tag == "domain",
-    ))
-    heap = Heap()
-    service = RateLimitService(limiter, AnswerOptions(
-        shadow_mode=settings.shadow_mode, dynamic_metadata=settings.response_dynamic_metadata,
-        headers=settings.limit_response_headers_enabled, ietf_headers=settings.limit_response_headers_ietf,
-    ), metrics, heap)
     credentials = None
     if settings.grpc_server_use_tls:
         credentials = server_credentials(settings.grpc_server_tls_cert, settings.grpc_server_tls_key,
                                          settings.grpc_client_tls_cacert)
-    server, health_servicer, port = await start_server(service, settings.grpc_host, settings.grpc_port, credentials,
+    server, health_servicer, port = await start_server(app.service, settings.grpc_host, settings.grpc_port, credentials,
                                                        reuse_port=reuse_port,
                                                        max_message_size=settings.grpc_max_recv_msg_size)
-    health = Health(health_servicer, needs_storage=lambda: settings.failure_mode == "error" and all(
-        d.failure_mode in (None, "error") for d in holder.current.domains.values()))
+    health = Health(health_servicer, needs_storage=app.needs_storage)
     await health.publish()
     runners = []
     stop = asyncio.Event()
     try:
         routes = ("json", "healthcheck", "rlconfig", "metrics") if settings.use_prometheus else (
             "json", "healthcheck", "rlconfig")
-        runner, http_port = await start_app(make_app(service, lambda: holder.current, health, routes),
+        runner, http_port = await start_app(make_app(app.service, lambda: holder.current, health, routes),
                                             settings.http_host, settings.http_port, reuse_port=reuse_port)
         runners.append(runner)
         debug_routes = ("rlconfig", "metrics") if settings.use_prometheus else ("rlconfig",)
-        runner, debug_port = await start_app(make_app(service, lambda: holder.current, health, debug_routes),
+        runner, debug_port = await start_app(make_app(app.service, lambda: holder.current, health, debug_routes),
                                              settings.debug_host, settings.debug_port, reuse_port=reuse_port)
         runners.append(runner)
         loop = asyncio.get_running_loop()
@@ -154,7 +109,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
         root = None
         if settings.runtime_watch_root:
             root = Path(settings.config_dir) if settings.config_dir else Path(settings.runtime_root)
-        watcher = ConfigWatcher(directory, load, holder, metrics, root)
+        watcher = ConfigWatcher(directory, app.load_options, holder, app.metrics, root)
         reloads: set[asyncio.Task[bool]] = set()
 
         def reload_now() -> None:  # SIGHUP: reload the config now, as many daemons do
@@ -194,9 +149,4 @@ def run(settings: Settings, *, reuse_port: bool = False) -> None:
     """Run ``serve`` on uvloop when it is installed, else on asyncio's default loop; memory that large requests
     took goes back to the system (slidegate.allocator)."""
     return_large_blocks()
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(serve(settings, reuse_port=reuse_port))
-    else:
-        uvloop.run(serve(settings, reuse_port=reuse_port))
+    run_loop(serve(settings, reuse_port=reuse_port))

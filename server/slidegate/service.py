@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate._proto.slidegate.wire.v1 import lenient_pb2
 from slidegate.backends.base import BackendUnavailable, DeadlineExceeded
-from slidegate.headers import rate_limit_headers
+from slidegate.headers import ResponseHeaders, Shown, envoy_headers
 from slidegate.heap import Heap
 from slidegate.limiter import Descriptor, InvalidOverride, Limiter, Override, Plan, Status
 from slidegate.metrics import LimitCounters, Metrics
@@ -35,8 +35,6 @@ log = logging.getLogger(__name__)
 OK = rls_pb2.RateLimitResponse.OK
 OVER_LIMIT = rls_pb2.RateLimitResponse.OVER_LIMIT
 METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-# envoy.type.v3.RateLimitUnit numbers (no WEEK)
-_OVERRIDE_UNITS = {1: Unit.SECOND, 2: Unit.MINUTE, 3: Unit.HOUR, 4: Unit.DAY, 5: Unit.MONTH, 6: Unit.YEAR}
 
 Request = lenient_pb2.LenientRateLimitRequest
 Context = grpc.aio.ServicerContext[bytes, rls_pb2.RateLimitResponse]
@@ -78,8 +76,8 @@ def parse_request(request: Request) -> tuple[str, list[Descriptor]]:
             raise InvalidRequest(f"descriptor {index}: too many entries: {len(d.entries)} (at most {MAX_ENTRIES})")
         override = None
         if d.HasField("limit"):
-            unit = _OVERRIDE_UNITS.get(d.limit.unit)
-            if unit is None:
+            unit = Unit.from_wire(d.limit.unit)
+            if unit is None or unit is Unit.WEEK:  # envoy.type.v3.RateLimitUnit has no WEEK
                 raise InvalidRequest(f"descriptor {index}: limit override has no valid unit ({d.limit.unit})")
             multiplier = d.limit.unit_multiplier.value if d.limit.HasField("unit_multiplier") else 1
             if multiplier < 1:
@@ -96,15 +94,12 @@ def parse_request(request: Request) -> tuple[str, list[Descriptor]]:
 
 @dataclass(frozen=True, slots=True)
 class AnswerOptions:
-    """``shadow_mode``: the overall code is always OK (SHADOW_MODE), each descriptor keeps its code;
-    ``dynamic_metadata``: describe the request and the matched rules' ``metadata`` in the response's
-    ``dynamic_metadata`` (RESPONSE_DYNAMIC_METADATA); ``headers``/``ietf_headers``: add rate-limit response
-    headers (LIMIT_RESPONSE_HEADERS_ENABLED / LIMIT_RESPONSE_HEADERS_IETF, see slidegate.headers)."""
+    """``dynamic_metadata``: describe the request and the matched rules' ``metadata`` in the response's
+    ``dynamic_metadata`` (RESPONSE_DYNAMIC_METADATA); ``headers``: which rate-limit response headers to add
+    (LIMIT_RESPONSE_HEADERS_ENABLED / LIMIT_RESPONSE_HEADERS_IETF, see slidegate.headers)."""
 
-    shadow_mode: bool = False
     dynamic_metadata: bool = False
-    headers: bool = False
-    ietf_headers: bool = False
+    headers: ResponseHeaders = ResponseHeaders.NONE
 
 
 def build_response(
@@ -112,13 +107,15 @@ def build_response(
     descriptors: list[Descriptor],
     statuses: list[Status],
     options: AnswerOptions = AnswerOptions(),
+    shadow_mode: bool = False,
 ) -> rls_pb2.RateLimitResponse:
-    """The RateLimitResponse for ``statuses`` (one per request descriptor, in order)."""
+    """The RateLimitResponse for ``statuses`` (one per request descriptor, in order). ``shadow_mode``
+    (SHADOW_MODE, the limiter's): the overall code is always OK, each descriptor keeps its code."""
     response = rls_pb2.RateLimitResponse(overall_code=OK)
     for status in statuses:
         blocking = status.over and not status.shadow
         out = response.statuses.add(code=OVER_LIMIT if blocking else OK)
-        if blocking and not options.shadow_mode:
+        if blocking and not shadow_mode:
             response.overall_code = OVER_LIMIT
         out.limit_remaining = status.remaining
         limit = status.limit
@@ -140,9 +137,13 @@ def build_response(
             out.duration_until_reset.nanos = micros * 1000
     if options.dynamic_metadata:
         response.dynamic_metadata.CopyFrom(_metadata(domain, descriptors, statuses))
-    if options.headers:
-        over = response.overall_code == OVER_LIMIT
-        for key, value in rate_limit_headers(statuses, over, options.ietf_headers):
+    if options.headers is not ResponseHeaders.NONE:
+        rejected = response.overall_code == OVER_LIMIT
+        shown = [Shown(s.limit.name, tuple(key for key, _ in d.entries), s.limit.requests_per_unit,
+                       s.limit.window_seconds, s.remaining, s.reset_us, s.over, rejected and s.over and not s.shadow)
+                 for d, s in zip(descriptors, statuses, strict=True)
+                 if s.limit is not None and s.limit.unit is not None]
+        for key, value in envoy_headers(shown, ietf=options.headers is ResponseHeaders.IETF):
             response.response_headers_to_add.add(key=key, value=value)
     return response
 
@@ -296,8 +297,8 @@ class RateLimitService:
             self.metrics.storage_latency.observe(time.perf_counter() - started)
             self._outage.answered()
         domain = prepared.plan.domain
-        response = build_response(domain, prepared.descriptors, statuses, self._options)
-        shadow_mode = self._options.shadow_mode
+        shadow_mode = self._limiter.shadow_mode
+        response = build_response(domain, prepared.descriptors, statuses, self._options, shadow_mode)
         for index, counters, limit in prepared.counted:
             status = statuses[index]
             counters.record(hits=status.hits, limit=limit, over=status.over, shadow=status.shadow or shadow_mode,

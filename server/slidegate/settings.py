@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from slidegate.algorithms import Algorithm
+from slidegate.backends.redis_connect import check_url
+from slidegate.failure_modes import FailureMode
+from slidegate.headers import ResponseHeaders
 
 DEFAULT_MAX_RECV_MSG_SIZE = 4 * 1024 * 1024  # bytes: gRPC's own default, as envoyproxy/ratelimit's
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|h)?\s*$")
@@ -180,7 +183,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("redis_tls_skip_hostname_verification", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
          "--redis-tls-skip-hostname-verification", "false", _bool,
          "accept a Redis certificate for another host name"),
-    Spec("failure_mode", "FAILURE_MODE", "--failure-mode", "error", _choice("error", "allow", "deny", "local"),
+    Spec("failure_mode", "FAILURE_MODE", "--failure-mode", FailureMode.ERROR.value,
+         lambda text: FailureMode(_choice(*FailureMode)(text)),
          "when the storage cannot decide: error (UNAVAILABLE, Envoy's failure_mode_deny decides), allow, deny, "
          "or local (in memory, each limit divided by LOCAL_LIMIT_REPLICAS); a domain's failure_mode wins"),
     Spec("local_limit_replicas", "LOCAL_LIMIT_REPLICAS", "--local-limit-replicas", "1", _positive_int,
@@ -269,7 +273,7 @@ class Settings:
     redis_tls_client_cert: str
     redis_tls_client_key: str
     redis_tls_skip_hostname_verification: bool
-    failure_mode: str
+    failure_mode: FailureMode
     local_limit_replicas: int
     redis_pool_size: int
     redis_timeout: float
@@ -300,6 +304,14 @@ class Settings:
     use_prometheus: bool
     drain_timeout: float
     workers: int
+
+    @property
+    def response_headers(self) -> ResponseHeaders:
+        """The headers LIMIT_RESPONSE_HEADERS_ENABLED and LIMIT_RESPONSE_HEADERS_IETF ask for (the IETF fields
+        come with the others, never alone)."""
+        if not self.limit_response_headers_enabled:
+            return ResponseHeaders.NONE
+        return ResponseHeaders.IETF if self.limit_response_headers_ietf else ResponseHeaders.RATELIMIT
 
     @classmethod
     def load(cls, environ: Mapping[str, str], flags: Mapping[str, str | None] | None = None) -> Settings:
@@ -332,8 +344,6 @@ class Settings:
 
     def check(self) -> None:
         """Raise SettingsError for settings that only make sense together, and for a malformed Redis URL."""
-        from slidegate.backends.redis import check_url
-
         if self.backend_type == "redis":
             try:
                 check_url(self.redis_url, self.redis_type)

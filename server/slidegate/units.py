@@ -25,9 +25,17 @@ class Unit(enum.Enum):
         self.seconds = seconds
 
     @classmethod
+    def from_wire(cls, number: int) -> Unit | None:
+        """The unit a ``RateLimitResponse.RateLimit.Unit`` number names; None for UNKNOWN and numbers not
+        (yet) known. envoy.type.v3.RateLimitUnit (a request's limit override) numbers the same units, without
+        WEEK."""
+        return _BY_WIRE.get(number)
+
+    @classmethod
     def parse(cls, text: str) -> Unit:
         """Case-insensitive unit name (``second`` … ``year``). Raises KeyError for anything else."""
         return cls[text.upper()]
 
 
+_BY_WIRE = {unit.wire: unit for unit in Unit}
 UNIT_NAMES = ", ".join(u.name.lower() for u in Unit)

@@ -36,6 +36,8 @@ from pathlib import Path
 from types import FrameType
 
 from slidegate.config import ConfigError
+from slidegate.logs import configure_logging
+from slidegate.server import run
 from slidegate.settings import Settings
 
 log = logging.getLogger("slidegate")
@@ -160,8 +162,6 @@ def _worker(settings: Settings, parent: int) -> None:
     # ``parent`` comes from the parent itself: one killed while this worker was still starting is already
     # gone from os.getppid()
     threading.Thread(target=_stop_when_orphaned, args=(parent,), daemon=True).start()
-    from slidegate.logs import configure_logging
-    from slidegate.server import run
 
     configure_logging(settings.log_level, settings.log_format, worker=True)
     try:

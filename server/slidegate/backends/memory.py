@@ -35,7 +35,7 @@ class _Store:
         self._data: dict[str, tuple[Any, int]] = {}
         self._next_sweep = 0
 
-    def get(self, key: str, _now: int) -> Any:
+    def get(self, key: str) -> Any:
         item = self._data.get(key)
         if item is None:
             return None
@@ -44,7 +44,7 @@ class _Store:
             return None
         return item[0]
 
-    def set(self, key: str, value: Any, _now: int, ttl_us: int) -> None:
+    def set(self, key: str, value: Any, ttl_us: int) -> None:
         # whole milliseconds, rounded up, as PEXPIRE in the Lua scripts
         self._data[key] = (value, _monotonic_us() + max(1, math.ceil(ttl_us / 1000)) * 1000)
 
@@ -62,16 +62,13 @@ class _Store:
         if key in self._data:
             self._data[key] = (value, self._data[key][1])
 
-    def sweep(self, _now: int) -> None:
+    def sweep(self) -> None:
         now = _monotonic_us()
         if now < self._next_sweep:
             return
         self._next_sweep = now + 1_000_000
         for key in [k for k, (_, expires) in self._data.items() if expires <= now]:
             del self._data[key]
-
-    def __len__(self) -> int:
-        return len(self._data)
 
 
 class _State(Protocol):
@@ -110,7 +107,7 @@ class _Log:
 
     @classmethod
     def load(cls, store: _Store, key: str, limit: int, window: int, _: int, now: int) -> _Log:
-        hits: _LogHits = store.get(key, now) or _LogHits([], [])
+        hits: _LogHits = store.get(key) or _LogHits([], [])
         gone = bisect.bisect_right(hits.times, now - window)
         if gone:
             # pruned hits are gone for good, as in Redis, even when this request is rejected
@@ -174,7 +171,7 @@ class _Log:
         elif not log.times:
             store.delete(self.key)
         elif self.pend > 0:
-            store.set(self.key, log, now, self.at + self.window - now)
+            store.set(self.key, log, self.at + self.window - now)
         else:
             # only given back, or nothing: the expiry set with the newest hit still holds, renewed as by a
             # rejection (keep)
@@ -204,7 +201,7 @@ class _Counter:
     def load(cls, store: _Store, key: str, limit: int, window: int, _: int, now: int) -> _Counter:
         idx = now // window
         cur = prev = 0
-        stored = store.get(key, now)
+        stored = store.get(key)
         if stored is not None and (stored[3] != window or stored[0] > idx + 1):
             stored = None  # counted in windows of another length (a reload): not carried over, as in the Lua
         if stored is not None:
@@ -251,7 +248,7 @@ class _Counter:
         if self.cur == 0 and self.prev == 0:
             store.delete(self.key)
             return
-        store.set(self.key, (self.idx, self.cur, self.prev, self.window), now, (self.idx + 2) * self.window - now)
+        store.set(self.key, (self.idx, self.cur, self.prev, self.window), (self.idx + 2) * self.window - now)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -279,7 +276,7 @@ class _Bucket:
 
     @classmethod
     def load(cls, store: _Store, key: str, burst: int, per_token: int, per_us: int, now: int) -> _Bucket:
-        stored = store.get(key, now)
+        stored = store.get(key)
         if stored is None:
             return cls(key, burst, per_token, per_us, burst, 0, now)
         tokens, ticks, before, was = stored
@@ -334,7 +331,7 @@ class _Bucket:
         if self.tokens >= self.burst:
             store.delete(self.key)
             return
-        store.set(self.key, (self.tokens, self.ticks, self.updated, self.per_token), now, self._lifetime())
+        store.set(self.key, (self.tokens, self.ticks, self.updated, self.per_token), self._lifetime())
 
 
 @dataclass
@@ -352,7 +349,7 @@ class _Fixed:
     @classmethod
     def load(cls, store: _Store, key: str, limit: int, window: int, stop_when_over: int, now: int) -> _Fixed:
         idx = now // window
-        stored = store.get(key, now)
+        stored = store.get(key)
         if stored is not None and (stored[2] != window or stored[0] > idx + 1):
             stored = None  # counted in windows of another length (a reload): not carried over, as in the Lua
         if stored is not None:
@@ -377,7 +374,7 @@ class _Fixed:
 
     def save(self, store: _Store, now: int) -> None:
         if self.changed:
-            store.set(self.key, (self.idx, self.count, self.window), now, (self.idx + 1) * self.window - now)
+            store.set(self.key, (self.idx, self.count, self.window), (self.idx + 1) * self.window - now)
 
 
 _LOADERS: dict[Algorithm, Callable[..., _State]] = {
@@ -404,7 +401,7 @@ class MemoryBackend:
     ) -> Decision:
         """Decide ``checks`` all-or-nothing, as lua/decide.lua does. Never raises BackendUnavailable."""
         now = self._clock() if now_us is None else now_us
-        self._store.sweep(now)
+        self._store.sweep()
         states: dict[str, _State] = {}
         before: dict[str, tuple[int, int]] = {}  # a rejected request reports each limit as it was before it
         answers: list[tuple[_State, Answer]] = []
@@ -437,7 +434,3 @@ class MemoryBackend:
 
     async def close(self) -> None:
         return None
-
-    def key_count(self) -> int:
-        """How many keys are held (expired ones included until the next sweep)."""
-        return len(self._store)

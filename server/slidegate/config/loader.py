@@ -14,15 +14,14 @@ from typing import Any
 
 import yaml
 
-from slidegate.algorithms import ALGORITHM_NAMES, Algorithm
+from slidegate.algorithms import ALGORITHM_NAMES, MAX_WINDOW_SECONDS, Algorithm
 from slidegate.config.errors import ConfigError, ConfigIssue
 from slidegate.config.model import Config, DescriptorNode, DomainConfig, Level, RateLimit, wildcard_pattern
+from slidegate.failure_modes import FAILURE_MODE_NAMES, FailureMode
 from slidegate.units import UNIT_NAMES, Unit
 
 UINT32_MAX = 4294967295
-MAX_WINDOW_SECONDS = 2**53 // 1_000_000  # windows are counted in microseconds, exact in a Lua double
 _TOP_KEYS = ("domain", "descriptors", "failure_mode")  # failure_mode: slidegate's
-FAILURE_MODES = ("error", "allow", "deny", "local")
 _DESCRIPTOR_KEYS = (
     "key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode", "detailed_metric",
     "value_to_metric", "share_threshold", "metadata",
@@ -381,11 +380,11 @@ def _parse_root(f: _File, root: yaml.Node, config: DomainConfig) -> int:
         if "failure_mode" in fields:
             issues_before = len(f.issues)
             mode = f.string(fields["failure_mode"], "failure_mode")
-            if mode is not None and mode.lower() in FAILURE_MODES:
-                config.failure_mode = mode.lower()
+            if mode is not None and mode.lower() in tuple(FailureMode):
+                config.failure_mode = FailureMode(mode.lower())
             elif len(f.issues) == issues_before:
                 f.issue(fields["failure_mode"], "failure_mode",
-                        f"unknown failure mode '{mode}' (expected one of: {', '.join(FAILURE_MODES)})")
+                        f"unknown failure mode '{mode}' (expected one of: {FAILURE_MODE_NAMES})")
     return line
 
 

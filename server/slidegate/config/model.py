@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slidegate.algorithms import Algorithm
+from slidegate.failure_modes import FailureMode
 from slidegate.units import Unit
 
 
@@ -129,7 +130,7 @@ class DomainConfig:
     domain: str
     root: Level
     source: str
-    failure_mode: str | None = None  # slidegate: overrides FAILURE_MODE for this domain
+    failure_mode: FailureMode | None = None  # slidegate: overrides FAILURE_MODE for this domain
 
     def match(self, entries: tuple[tuple[str, str], ...]) -> Match | None:
         """The rule for one request descriptor, per envoyproxy/ratelimit's rules: walk the entries down the

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from slidegate.client import AsyncRateLimitClient, InProcessLimiter
+from slidegate.client import AsyncRateLimitClient
 from slidegate.contrib.common import (
     Options,
     RequestView,
@@ -23,6 +23,7 @@ from slidegate.contrib.common import (
     failure,
     log,
 )
+from slidegate.inprocess import InProcessLimiter
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
-from slidegate.client import InProcessLimiter, RateLimitClient
+from slidegate.client import RateLimitClient
 from slidegate.contrib.common import (
     Answer,
     Options,
@@ -20,6 +20,7 @@ from slidegate.contrib.common import (
     client_ip,
     failure,
 )
+from slidegate.inprocess import InProcessLimiter
 
 
 class SlidegateMiddleware:

@@ -1,0 +1,95 @@
+"""One slidegate, built from its Settings: the config (in a holder, for reloads), the metrics, the storage, the
+limiter and the service. `slidegate serve`, the in-process limiter (slidegate.inprocess) and the tests all build
+it here, so that every setting is read in one place and means the same thing everywhere."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from slidegate.backends.base import Backend
+from slidegate.backends.blocked import OverLimitCache
+from slidegate.backends.breaker import Breaker
+from slidegate.backends.memory import MemoryBackend
+from slidegate.backends.redis import RedisBackend, TlsOptions, Topology
+from slidegate.config import LoadOptions, load_directory
+from slidegate.failure_modes import FailureMode
+from slidegate.heap import Heap
+from slidegate.limiter import Limiter, LimiterOptions
+from slidegate.metrics import Metrics
+from slidegate.reload import ConfigHolder
+from slidegate.service import AnswerOptions, RateLimitService
+from slidegate.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class Application:
+    """What ``build`` made. ``backend`` is the limiter's storage (close it when done)."""
+
+    settings: Settings
+    load_options: LoadOptions
+    holder: ConfigHolder
+    metrics: Metrics
+    backend: Backend
+    limiter: Limiter
+    service: RateLimitService
+
+    def needs_storage(self) -> bool:
+        """Whether answering needs the storage: False while a failure mode (the deployment's or every
+        domain's) answers without it, so that health checks do not take such a replica out of service."""
+        return self.settings.failure_mode is FailureMode.ERROR and all(
+            d.failure_mode in (None, FailureMode.ERROR) for d in self.holder.current.domains.values())
+
+
+def build(settings: Settings, *, clock: Callable[[], int] | None = None, heap: Heap | None = None) -> Application:
+    """The application ``settings`` describe. ``clock`` (microseconds) is for tests; ``heap``: the process's
+    heap keeper (`slidegate serve` only, see slidegate.heap). Raises ConfigError for an invalid config and
+    ValueError for a malformed Redis URL or a TLS file that does not exist."""
+    load = LoadOptions(merge_domains=settings.merge_domain_config, default_algorithm=settings.default_algorithm)
+    holder = ConfigHolder(load_directory(settings.config_path, load))
+    metrics = Metrics(settings.near_limit_ratio)
+    metrics.config_load_success.inc()
+    backend = make_backend(settings)
+    limiter = Limiter(lambda: holder.current, backend, LimiterOptions(
+        key_prefix=settings.cache_key_prefix, default_algorithm=settings.default_algorithm,
+        stop_when_over=settings.stop_cache_key_increment_when_overlimit, shadow_mode=settings.shadow_mode,
+        failure_mode=settings.failure_mode, local_replicas=settings.local_limit_replicas,
+        domain_slot=settings.redis_hash_tag == "domain",
+    ), clock=clock)
+    service = RateLimitService(limiter, AnswerOptions(
+        dynamic_metadata=settings.response_dynamic_metadata, headers=settings.response_headers,
+    ), metrics, heap)
+    return Application(settings, load, holder, metrics, backend, limiter, service)
+
+
+def make_backend(settings: Settings) -> Backend:
+    """The storage backend the settings ask for. Raises ValueError for a malformed Redis URL or a TLS file
+    that does not exist."""
+    if settings.backend_type == "memory":
+        return MemoryBackend()
+    url = settings.redis_url
+    if settings.redis_type == "single" and settings.redis_tls and url.startswith("redis://"):
+        url = "rediss://" + url.removeprefix("redis://")
+    for name in ("redis_tls_cacert", "redis_tls_client_cert", "redis_tls_client_key"):
+        file = getattr(settings, name)
+        if file and not Path(file).is_file():
+            raise ValueError(f"{name.upper()}: no such file {file!r}")
+    tls = None
+    if settings.redis_tls or url.startswith("rediss://"):
+        tls = TlsOptions(settings.redis_tls_cacert, settings.redis_tls_client_cert, settings.redis_tls_client_key,
+                         check_hostname=not settings.redis_tls_skip_hostname_verification)
+    topology = Topology(settings.redis_type, url, tls=tls, auth=_auth(settings.redis_auth),
+                        sentinel_auth=_auth(settings.redis_sentinel_auth))
+    # the breaker: a dead Redis costs microseconds per call, not a timeout each; the cache: a request that can
+    # only be rejected costs no round trip
+    return OverLimitCache(RedisBackend(topology, timeout=settings.redis_timeout, pool_size=settings.redis_pool_size,
+                                       breaker=Breaker(), wait_replicas=settings.redis_wait_replicas,
+                                       wait_timeout=settings.redis_wait_timeout))
+
+
+def _auth(text: str) -> tuple[str | None, str] | None:
+    """REDIS_AUTH's forms: a password, or user:password (an ACL user); given apart from the URL, never
+    quoted into it."""
+    user, sep, password = text.partition(":")
+    return (user, password) if sep else (None, text) if text else None

@@ -1,0 +1,87 @@
+"""slidegate's own limiter in the caller's process (no gRPC hop), answering with the client's ``Decision``: for
+middleware that wants the limits without running a service (slidegate.contrib).
+
+    limiter = InProcessLimiter("config/", "redis://127.0.0.1:6379/0")   # None: counters in memory
+    decision = await limiter.should_rate_limit("web", [{"remote_address": ip}])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from slidegate._proto.slidegate.wire.v1 import lenient_pb2
+from slidegate.application import build
+from slidegate.backends.base import BackendUnavailable
+from slidegate.client import (
+    Decision,
+    DescriptorSpec,
+    InvalidRateLimitRequest,
+    RateLimitUnavailable,
+    build_request,
+    decision_from_response,
+)
+from slidegate.limiter import InvalidOverride
+from slidegate.service import InvalidRequest, parse_request
+from slidegate.settings import Settings
+
+T = TypeVar("T")
+
+
+class InProcessLimiter:
+    """slidegate's own limiter in this process: the config in ``config_dir``, counters in the Redis at
+    ``redis_url`` (shared with slidegate services using the same ``key_prefix``) or, with None, in memory.
+    ``should_rate_limit`` is a coroutine; ``should_rate_limit_blocking`` serves synchronous code (Django) by
+    running it on a private event loop thread. ``clock`` (microseconds) is for tests. Raises ConfigError for an
+    invalid config and SettingsError for a malformed Redis URL or a timeout outside 1 ms to 60 s."""
+
+    def __init__(self, config_dir: str | Path, redis_url: str | None = None, *, key_prefix: str = "",
+                 timeout: float = 0.05, clock: Callable[[], int] | None = None) -> None:
+        # the settings `slidegate serve` would have with these flags and nothing from the environment: the
+        # same storage, limiter and answers as a service
+        settings = Settings.load({}, {"config_dir": str(config_dir), "backend_type": "redis" if redis_url else "memory",
+                                      "redis_url": redis_url, "redis_timeout": str(timeout),
+                                      "cache_key_prefix": key_prefix})
+        app = build(settings, clock=clock)
+        self._backend, self._service = app.backend, app.service
+        self._timeout = timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    async def should_rate_limit(self, domain: str, descriptors: Sequence[DescriptorSpec], hits_addend: int = 0,
+                                timeout: float | None = None) -> Decision:
+        """Decide in this process. Raises InvalidRateLimitRequest for a request the service would refuse,
+        RateLimitUnavailable when the storage does not answer."""
+        request = build_request(domain, descriptors, hits_addend)
+        raw = request.SerializeToString()  # read as the service reads a call: the same checks, the same errors
+        try:
+            parsed_domain, parsed = parse_request(lenient_pb2.LenientRateLimitRequest.FromString(raw))
+            response = await self._service.decide(parsed_domain, parsed, hits_addend,
+                                                  self._timeout if timeout is None else timeout)
+        except (InvalidRequest, InvalidOverride) as exc:
+            raise InvalidRateLimitRequest(f"INVALID_ARGUMENT: {exc}") from exc
+        except BackendUnavailable as exc:
+            raise RateLimitUnavailable(str(exc)) from exc
+        return decision_from_response(response, request)
+
+    def should_rate_limit_blocking(self, domain: str, descriptors: Sequence[DescriptorSpec], hits_addend: int = 0,
+                                   timeout: float | None = None) -> Decision:
+        """``should_rate_limit`` for synchronous callers."""
+        return self._run(self.should_rate_limit(domain, descriptors, hits_addend, timeout))
+
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._loop.run_forever, daemon=True, name="slidegate-limiter").start()
+        # the coroutine has its own deadline; this one only guards against a loop that is gone (after fork)
+        try:
+            return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(self._timeout + 5)
+        except TimeoutError as exc:
+            raise RateLimitUnavailable("the in-process limiter's event loop does not answer") from exc
+
+    async def close(self) -> None:
+        await self._backend.close()
