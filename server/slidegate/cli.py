@@ -19,6 +19,7 @@ import click
 import grpc
 
 from slidegate import __version__
+from slidegate import simulate as simulation
 from slidegate.algorithms import Algorithm
 from slidegate.client import RateLimitClient, RateLimitUnavailable
 from slidegate.config import ConfigError, LoadOptions, load_directory
@@ -100,6 +101,30 @@ def check_config(config_dir: str, default_algorithm: str, merge_domain_config: b
         click.echo(f"warning: no domain in {config_dir} (no *.yaml or *.yml files)", err=True)
     click.echo(describe_config(config), nl=False)
     click.echo(f"OK: {len(config.domains)} domain(s), {config.limit_count()} limit(s)")
+
+
+@main.command()
+@click.option("--limit", type=click.IntRange(1, 1000), default=10, show_default=True,
+              help="Requests per window.")
+@click.option("--window", type=click.FloatRange(0.001, 86400), default=1.0, show_default=True,
+              help="The window's length in seconds.")
+@click.option("--out", type=click.Path(dir_okay=False, writable=True, path_type=Path),
+              help="Draw the results into this PNG too (needs matplotlib: pip install 'slidegate[plot]').")
+def simulate(limit: int, window: float, out: Path | None) -> None:
+    """Replay the same traffic through each algorithm (in memory, on a simulated clock) and show what each
+    admits: a burst across a window boundary, steady traffic at twice the limit, on/off bursts."""
+    window_us = round(window * 1_000_000)
+    outcomes = simulation.simulate(limit, window_us)
+    click.echo(simulation.table(outcomes, limit, window))
+    if out is None:
+        return
+    try:
+        simulation.draw(outcomes, limit, window_us, out)
+    except ImportError:
+        click.echo("cannot draw: matplotlib is not installed (pip install 'slidegate[plot]'); the table above "
+                   "has the same results", err=True)
+        sys.exit(1)
+    click.echo(f"drawn: {out}")
 
 
 @main.command()
