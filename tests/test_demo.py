@@ -14,7 +14,10 @@ def test_demo_runs_and_every_request_gets_the_predicted_status(redis_url: str) -
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "GET /burst   -> 429" in out and "GET /hello   -> 429" in out
-    assert out.count("-> 200") == 10 and out.count("-> 429") == 5
+    assert out.count("-> 200") == 19 and out.count("-> 429") == 8
+    # across the second boundary: the fixed window admits all 6, the sliding window log the first 3 only
+    assert out.count("GET /fixed   -> 200") == 6 and out.count("GET /sliding -> 200") == 3
+    assert out.count("GET /sliding -> 429") == 3
     assert "Every request got the status the limits predict. Stack stopped." in out
 
 

@@ -81,6 +81,12 @@ def running_stack(redis_url: str | None, log: Callable[[str], None]) -> Iterator
         logs.close()
 
 
+def _sleep_until_fraction(fraction: float) -> None:
+    """Sleep until the wall clock's second reaches ``fraction`` (the next time it does). Fixed windows start
+    at whole seconds of the same clock (Redis TIME on this machine, or this process's for the memory backend)."""
+    time.sleep((fraction - time.time()) % 1.0)
+
+
 def run_demo(redis_url: str, echo: Callable[[str], None] = click.echo) -> int:
     """Run the demo; return the exit code."""
     try:
@@ -116,6 +122,18 @@ def run_demo(redis_url: str, echo: Callable[[str], None] = click.echo) -> int:
         echo("   nothing anywhere (all-or-nothing), so 6 of the 10 are used:")
         for expected in (200, 200, 200, 200, 429, 429):
             send("/hello", expected)
+        echo("\n3. a burst across a second boundary, 3 requests a second: 3 just before the boundary, 3 just")
+        echo("   after it. The fixed window starts counting afresh at the boundary and admits all 6 within half a")
+        echo("   second; the sliding window log still counts the first 3 and admits none of the second:")
+        _sleep_until_fraction(0.55)
+        for path in ("/fixed", "/sliding"):
+            for _ in range(3):
+                send(path, 200)
+        echo("   ...the second boundary passes:")
+        _sleep_until_fraction(0.05)
+        for path, expected in (("/fixed", 200), ("/sliding", 429)):
+            for _ in range(3):
+                send(path, expected)
     echo("")
     if mismatches:
         echo(f"{mismatches} request(s) did not get the expected status.")
