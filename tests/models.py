@@ -85,8 +85,9 @@ class Model:
         if c.algorithm == "sliding_window_counter":
             idx, e = divmod(now, c.window)
             cur, prev = self.windows[c.key].get(idx, 0), self.windows[c.key].get(idx - 1, 0)
-            weighted = float(prev) * float(c.window - e) / float(c.window)
-            return max(0, math.floor(float(c.limit - cur) - weighted)), (c.window - e if cur or prev else 0)
+            # the previous window's hits, weighted by the share of it still inside the sliding window: exact
+            weighted = Fraction(prev * (c.window - e), c.window)
+            return max(0, math.floor(c.limit - cur - weighted)), (c.window - e if cur or prev else 0)
         if c.algorithm == "fixed_window":
             idx, e = divmod(now, c.window)
             return max(0, c.limit - self.windows[c.key].get(idx, 0)), c.window - e
@@ -112,15 +113,16 @@ class Model:
         if c.algorithm == "sliding_window_counter":
             idx, e = divmod(now, c.window)
             cur, prev = self.windows[c.key].get(idx, 0), self.windows[c.key].get(idx - 1, 0)
-            w = float(c.window)
+            w = c.window
             room = c.limit - cur - h
-            if room >= float(prev) * float(c.window - e) / w:
+            if room >= Fraction(prev * (w - e), w):
                 return None
             if h > c.limit:
-                return c.window
-            if room >= 0:
-                return max(1, math.ceil(w - float(room) * w / float(prev)) - e)
-            return max(1, (c.window - e) + math.ceil(w - float(c.limit - h) * w / float(cur)))
+                return w
+            if room >= 0:  # fits once the previous window's weight has shrunk to room: at d from now
+                return max(1, math.ceil(w - Fraction(room * w, prev)) - e)
+            # fits in the next window, once this one's hits (then the previous) have shrunk to limit - h
+            return max(1, (w - e) + math.ceil(w - Fraction((c.limit - h) * w, cur)))
         if c.algorithm == "fixed_window":
             idx, e = divmod(now, c.window)
             return None if self.windows[c.key].get(idx, 0) + h <= c.limit else c.window - e
