@@ -44,7 +44,7 @@ MUTANTS = [
            ("tests/test_headers.py",)),
     Mutant("a bucket counts a token it lacks a tick of (Lua)", "lua/token_bucket.lua",
            "if q >= burst - st.n then", "if q + 1 >= burst - st.n then", ("tests/test_algorithms.py",)),
-    Mutant("a bucket counts a token it lacks a tick of (memory)", "server/slidegate/backends/memory.py",
+    Mutant("a bucket counts a token it lacks a tick of (memory)", "server/slidegate/algorithms/token_bucket.py",
            "            tokens += more\n            if tokens >= burst:",
            "            tokens += more\n            if tokens + 1 >= burst:", ("tests/test_algorithms.py",)),
     Mutant("the log admits one past its limit", "lua/sliding_window_log.lua",

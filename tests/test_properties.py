@@ -117,7 +117,8 @@ DOUBLE_ERROR = 2**-50  # relative: a few units in the last place of a double
 def test_huge_sliding_window_counters_agree_with_the_exact_model(redis_url: str, keep_alive: str,
                                                                   backend_name: str, data: st.DataObject) -> None:
     hits = [-4294967295, -3, -1, 0, 1, 2, 5, 71582788, 2**31, 4294967291, 4294967295]
-    trace = data.draw(steps(HUGE_STEPS, HUGE_COUNTERS, hits))
+    # forward only, as for every window algorithm (their model keeps no newest window seen)
+    trace = data.draw(steps(HUGE_STEPS.filter(lambda step: step >= 0), HUGE_COUNTERS, hits))
     run_trace(redis_url, keep_alive, backend_name, Algorithm.SLIDING_WINDOW_COUNTER, HUGE_COUNTERS, trace,
               reset_error=DOUBLE_ERROR)
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from slidegate.algorithms import MAX_EXACT, Algorithm, token_bucket_ticks
+from slidegate.algorithms import MAX_EXACT, RULES, Algorithm
 
 
 class BackendUnavailable(Exception):
@@ -42,9 +42,7 @@ class Check:
 
     def params(self) -> tuple[int, int, int]:
         """The algorithm's three parameters, as lua/<algorithm>.lua and the memory backend take them."""
-        if self.algorithm is Algorithm.TOKEN_BUCKET:
-            return (self.limit if self.burst is None else self.burst, *token_bucket_ticks(self.limit, self.window_us))
-        return self.limit, self.window_us, int(self.stop_when_over)
+        return RULES[self.algorithm].params(self.limit, self.window_us, self.burst, self.stop_when_over)
 
     def clamped_hits(self) -> int:
         """``hits`` bounded so every implementation computes exactly (in Lua doubles): any number of hits
@@ -52,9 +50,18 @@ class Check:
         ever counted empties the limit either way."""
         if self.hits < 0:
             return max(self.hits, -(MAX_EXACT // 4))
-        if self.algorithm is Algorithm.FIXED_WINDOW:
-            return min(self.hits, MAX_EXACT // 4)  # fixed windows count denied hits too: keep their number
-        return min(self.hits, (self.limit if self.burst is None else max(self.limit, self.burst)) + 1)
+        rules = RULES[self.algorithm]
+        if rules.counts_denied(self.stop_when_over):
+            return min(self.hits, MAX_EXACT // 4)  # denied hits are counted too: keep their number
+        return min(self.hits, rules.most_hits(self.limit, self.burst) + 1)
+
+    def most_hits(self) -> int:
+        """The most hits that can ever fit: a request of more is over limit for good."""
+        return RULES[self.algorithm].most_hits(self.limit, self.burst)
+
+    def counts_denied(self) -> bool:
+        """Whether this limit counts the hits of a rejected request (envoyproxy/ratelimit's fixed window)."""
+        return RULES[self.algorithm].counts_denied(self.stop_when_over)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from slidegate.algorithms import Algorithm
 from slidegate.backends.base import Backend, Check, Decision, Outcome
 
 Params = tuple[int, int, int | None, bool]
@@ -92,9 +91,8 @@ class OverLimitCache:
                 continue
             # more hits than the limit can ever hold are over for good, and reported with a fixed reset; a
             # fixed window that counts denied hits (envoyproxy/ratelimit's) must see every one of them
-            fits_some_day = c.hits <= (c.limit if c.burst is None else c.burst)  # a bucket holds burst at most
-            counts_denied = c.algorithm is Algorithm.FIXED_WINDOW and not c.stop_when_over
-            if simple and c.hits > 0 and fits_some_day and not c.shadow and outcome.reset_us > 0 and not counts_denied:
+            if (simple and 0 < c.hits <= c.most_hits() and not c.shadow and outcome.reset_us > 0
+                    and not c.counts_denied()):
                 if c.key not in self._blocked:
                     if (len(self._blocked) >= self._max_entries
                             or self._key_chars + len(c.key) > self._max_key_chars):

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from slidegate.algorithms import ALGORITHM_NAMES, MAX_WINDOW_SECONDS, Algorithm
+from slidegate.algorithms import ALGORITHM_NAMES, MAX_WINDOW_SECONDS, RULES, Algorithm
 from slidegate.config.errors import ConfigError, ConfigIssue
 from slidegate.config.model import Config, DescriptorNode, DomainConfig, Level, RateLimit, wildcard_pattern
 from slidegate.failure_modes import FAILURE_MODE_NAMES, FailureMode
@@ -233,8 +233,9 @@ def _parse_rate_limit(f: _File, node: yaml.Node, field: str) -> RateLimit | None
     burst = None
     if "burst" in fields:
         burst = f.integer(fields["burst"], f"{field}.burst", UINT32_MAX)
-        if algorithm is not Algorithm.TOKEN_BUCKET:
-            f.issue(fields["burst"], f"{field}.burst", "is only for algorithm: token_bucket")
+        if not RULES[algorithm].takes_burst:
+            takers = ", ".join(a for a, rules in RULES.items() if rules.takes_burst)
+            f.issue(fields["burst"], f"{field}.burst", f"is only for algorithm: {takers}")
     replaces: list[str] = []
     if "replaces" in fields:
         replaces = _parse_replaces(f, fields["replaces"], f"{field}.replaces", name)
