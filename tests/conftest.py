@@ -9,17 +9,19 @@ import os
 import tempfile
 import textwrap
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
 import grpc
 import pytest
 import redis
 
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
-from slidegate.application import build
-from slidegate.backends.base import Backend
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from slidegate._proto.slidegate.wire.v1 import lenient_pb2
+from slidegate.application import Application, build
+from slidegate.backends.base import Backend, BackendUnavailable, Check, Decision
 from slidegate.server import start_server
+from slidegate.service import parse_request
 from slidegate.settings import Settings
 from tests.redis_servers import INSTALL_HINT, RedisServer
 from tests.served import Served, Starter
@@ -145,6 +147,76 @@ async def rls(
         await channel.close(None)
         await server.stop(0)
         await backend.close()
+
+
+class Decider:
+    """A service built as `slidegate serve` builds it, asked without a gRPC server: a request is read the way a
+    call's bytes are (parse_request), then decided by the service, its limiter and its storage. For the rules'
+    tests; the wire contract has its own (test_service.py, test_wire.py)."""
+
+    def __init__(self, app: Application) -> None:
+        self.app = app
+
+    async def should_rate_limit(self, request: rls_pb2.RateLimitRequest,
+                                timeout: float | None = None) -> rls_pb2.RateLimitResponse:
+        """The answer to ``request`` within ``timeout`` seconds (a call's deadline). Raises InvalidRequest,
+        InvalidOverride and BackendUnavailable (DeadlineExceeded)."""
+        domain, descriptors = parse_request(lenient_pb2.LenientRateLimitRequest.FromString(request.SerializeToString()))
+        return await self.app.service.decide(domain, descriptors, request.hits_addend, timeout)
+
+
+class FailingBackend:
+    """Storage that fails every call with ``error`` (BackendUnavailable: as a Redis that is down; DeadlineExceeded:
+    as a caller's deadline running out): for tests of what the failure policy answers. ``calls`` counts them."""
+
+    def __init__(self, error: BackendUnavailable | None = None) -> None:
+        self.error = error or BackendUnavailable("failing storage: down")
+        self.calls = 0
+
+    async def decide(self, checks: Sequence[Check], now_us: int | None = None,
+                     timeout: float | None = None) -> Decision:
+        self.calls += 1
+        raise self.error
+
+    async def ping(self) -> None:
+        raise self.error
+
+    async def close(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return "failing storage"
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def limits(request: pytest.FixtureRequest, write_config: Callable[..., Path], redis_url: str, key_prefix: str,
+                 clock: Clock) -> AsyncIterator[Callable[..., Awaitable[Decider]]]:
+    """``await limits(yaml_text, **settings)``: a Decider for the config, on each backend in turn (the memory
+    backend and the Redis at REDIS_URL) with the injected ``clock``; ``settings`` as in ``rls``."""
+    built: list[Backend] = []
+
+    async def start(text: str, **settings: str) -> Decider:
+        flags = {"config_dir": str(write_config(text)), "backend_type": request.param, "redis_url": redis_url,
+                 "cache_key_prefix": key_prefix, **settings}
+        app = build(Settings.load({}, flags), clock=clock)
+        built.append(app.backend)
+        return Decider(app)
+
+    yield start
+    for backend in built:
+        await backend.close()
+
+
+@pytest.fixture
+def failing(write_config: Callable[..., Path], clock: Clock) -> Callable[..., Decider]:
+    """``failing(yaml_text, error=None, **settings)``: a Decider for the config whose storage is a
+    FailingBackend raising ``error`` (see there), with the injected ``clock``; ``settings`` as in ``rls``."""
+
+    def start(text: str, error: BackendUnavailable | None = None, **settings: str) -> Decider:
+        flags = {"config_dir": str(write_config(text)), **settings}
+        return Decider(build(Settings.load({}, flags), clock=clock, backend=FailingBackend(error)))
+
+    return start
 
 
 @pytest.fixture

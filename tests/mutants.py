@@ -67,6 +67,15 @@ MUTANTS = [
     Mutant("a cluster slot that rejects does not decide", "server/slidegate/backends/redis.py",
            "if failed is not None and not any(isinstance(p, _Part) and not p.decision.admitted for p in parts):",
            "if failed is not None:", ("tests/test_cluster_all_or_nothing.py",)),
+    Mutant("a failure mode answers a caller with no time left", "server/slidegate/limiter.py",
+           "timeout > 2 * ANSWER_MARGIN", "timeout >= 2 * ANSWER_MARGIN", ("tests/test_failure_policy.py",)),
+    Mutant("storage failing told as the caller's deadline", "server/slidegate/service.py",
+           "    if isinstance(exc, DeadlineExceeded):", "    if isinstance(exc, BackendUnavailable):",
+           ("tests/test_service.py",)),
+    Mutant("an unlimited rule replaces nothing", "server/slidegate/limiter.py",
+           "if status.rule and status.rule.rate_limit\n",
+           "if status.limit and status.rule and status.rule.rate_limit\n",
+           ("tests/test_rules.py",)),
 ]
 
 

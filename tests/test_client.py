@@ -107,8 +107,11 @@ def test_in_process_limiter_with_redis_down(write_config: Callable[..., Path], p
     assert limiter.should_rate_limit_blocking("c", [[("k", "r")]]).allowed
     private_redis.stop()
     started = time.monotonic()
-    with pytest.raises(RateLimitUnavailable):
+    # the service's status (service.refusal), with the storage's own reason: this process is the one it failed
+    reason = r"^UNAVAILABLE: redis at redis://127\.0\.0\.1:\d+/0: ConnectionError"
+    with pytest.raises(RateLimitUnavailable, match=reason) as caught:
         limiter.should_rate_limit_blocking("c", [[("k", "r")]])
+    assert not isinstance(caught.value, InvalidRateLimitRequest)
     assert time.monotonic() - started < 1.0
 
 

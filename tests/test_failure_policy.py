@@ -25,8 +25,9 @@ from slidegate.config import ConfigError, LoadOptions, load_directory
 from slidegate.config.describe import describe_config
 from slidegate.failure_modes import FailureMode
 from slidegate.health import Health
-from slidegate.limiter import Descriptor, Limiter, LimiterOptions
-from slidegate.service import RateLimitService
+from slidegate.limiter import ANSWER_MARGIN, Descriptor, Limiter, LimiterOptions
+from slidegate.service import RateLimitService, refusal
+from tests.conftest import Decider
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
 from tests.redis_servers import RedisServer
 from tests.served import Served, wait_for
@@ -39,6 +40,7 @@ descriptors:
 """
 
 Start = Callable[..., Any]
+Failing = Callable[..., Decider]
 
 
 @pytest.mark.parametrize(("mode", "codes"), [
@@ -46,18 +48,57 @@ Start = Callable[..., Any]
     ("deny", [OVER_LIMIT] * 5),
     ("local", [OK, OK, OVER_LIMIT, OVER_LIMIT, OVER_LIMIT]),  # 4 per minute shared by 2 replicas: 2 here
 ])
-async def test_failure_modes(rls: Start, private_redis: RedisServer, mode: str, codes: list[int]) -> None:
-    stub = await rls(CONFIG, url=private_redis.url, timeout=0.2, use_clock=False,
-                     failure_mode=mode, local_limit_replicas="2")
-    private_redis.stop()
-    got = [(await stub.ShouldRateLimit(request("f", descriptor(("k", "v"))))).overall_code for _ in range(5)]
+async def test_failure_modes(failing: Failing, mode: str, codes: list[int]) -> None:
+    service = failing(CONFIG, failure_mode=mode, local_limit_replicas="2")
+    got = [(await service.should_rate_limit(request("f", descriptor(("k", "v"))))).overall_code for _ in range(5)]
     assert got == codes
+    assert counted(service, "ratelimit_storage_errors_total") == 5
+    assert counted(service, "ratelimit_degraded_decisions_total", mode=mode) == 5
 
 
-async def test_a_domain_can_choose_its_own_failure_mode(rls: Start, private_redis: RedisServer) -> None:
-    stub = await rls("failure_mode: allow\n" + CONFIG, url=private_redis.url, timeout=0.2, use_clock=False)
+async def test_failure_mode_error_leaves_the_answer_to_envoy(failing: Failing) -> None:
+    service = failing(CONFIG)
+    with pytest.raises(BackendUnavailable) as caught:
+        await service.should_rate_limit(request("f", descriptor(("k", "v"))))
+    # UNAVAILABLE: Envoy's failure_mode_deny decides
+    assert refusal(caught.value) == (grpc.StatusCode.UNAVAILABLE, "rate limit storage unavailable")
+
+
+async def test_a_stopped_redis_gets_the_failure_mode(rls: Start, private_redis: RedisServer) -> None:
+    stub = await rls(CONFIG, url=private_redis.url, timeout=0.2, use_clock=False,
+                     failure_mode="local", local_limit_replicas="2")
     private_redis.stop()
-    assert (await stub.ShouldRateLimit(request("f", descriptor(("k", "v"))))).overall_code == OK
+    got = [(await stub.ShouldRateLimit(request("f", descriptor(("k", "v"))))).overall_code for _ in range(3)]
+    assert got == [OK, OK, OVER_LIMIT]
+
+
+async def test_a_domain_can_choose_its_own_failure_mode(failing: Failing, write_config: Callable[..., Path]) -> None:
+    write_config(CONFIG.replace("domain: f", "domain: g"), "g.yaml")
+    service = failing("failure_mode: allow\n" + CONFIG, failure_mode="deny")
+    assert (await service.should_rate_limit(request("f", descriptor(("k", "v"))))).overall_code == OK
+    assert (await service.should_rate_limit(request("g", descriptor(("k", "v"))))).overall_code == OVER_LIMIT
+
+
+@pytest.mark.parametrize("mode", ["allow", "deny", "local"])
+async def test_a_callers_deadline_is_answered_by_the_failure_mode_only_with_time_to_answer(
+        failing: Failing, mode: str) -> None:
+    service = failing(CONFIG, error=DeadlineExceeded("failing storage: the caller's deadline ran out"),
+                      failure_mode=mode)
+    # with time left to answer (Envoy's 20 ms), the failure mode answers; it says nothing of the storage
+    reply = await service.should_rate_limit(request("f", descriptor(("k", "v"))), timeout=0.02)
+    assert reply.overall_code == (OVER_LIMIT if mode == "deny" else OK)
+    assert counted(service, "ratelimit_degraded_decisions_total", mode=mode) == 1
+    assert counted(service, "ratelimit_storage_errors_total") == 0
+    # with none, nothing would reach the caller in time: the call ends as its deadline did
+    for timeout in (None, 2 * ANSWER_MARGIN):
+        with pytest.raises(DeadlineExceeded) as caught:
+            await service.should_rate_limit(request("f", descriptor(("k", "v"))), timeout=timeout)
+        assert refusal(caught.value).code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert counted(service, "ratelimit_storage_errors_total") == 0
+
+
+def counted(service: Decider, name: str, **labels: str) -> float | None:
+    return service.app.metrics.registry.get_sample_value(name, labels)
 
 
 def test_failure_mode_in_config_is_checked(write_config: Callable[..., Path]) -> None:
@@ -145,11 +186,10 @@ def test_degraded_decisions_are_counted(write_config: Callable[..., Path], serve
     assert wait_for(lambda: 'ratelimit_degraded_decisions_total{mode="deny"} 5.0' in served.http("/metrics")[1])
 
 
-async def test_local_shares_are_rounded_up(rls: Start, private_redis: RedisServer) -> None:
-    stub = await rls(CONFIG.replace("requests_per_unit: 4", "requests_per_unit: 1"), url=private_redis.url,
-                     timeout=0.2, use_clock=False, failure_mode="local", local_limit_replicas="3")
-    private_redis.stop()
-    got = [(await stub.ShouldRateLimit(request("f", descriptor(("k", "v"))))).overall_code for _ in range(2)]
+async def test_local_shares_are_rounded_up(failing: Failing) -> None:
+    service = failing(CONFIG.replace("requests_per_unit: 4", "requests_per_unit: 1"), failure_mode="local",
+                      local_limit_replicas="3")
+    got = [(await service.should_rate_limit(request("f", descriptor(("k", "v"))))).overall_code for _ in range(2)]
     assert got == [OK, OVER_LIMIT]  # 1 per minute over 3 replicas: still 1 here, not 0
 
 

@@ -1,10 +1,13 @@
-"""The gRPC service in-process against real Redis: validation, answers, Redis failures."""
+"""The gRPC service in-process against real Redis: the wire contract (validation, answers in request order,
+bytes that are not UTF-8, metadata), Redis failures, and the requests it remembers. The rules themselves are
+tested without gRPC, on both backends, in test_rules.py."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import gc
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -13,18 +16,21 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import json_format
 
 from slidegate import service as service_module
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
-from slidegate.backends.base import BackendUnavailable
+from slidegate._proto.slidegate.wire.v1 import lenient_pb2
+from slidegate.backends.base import BackendUnavailable, DeadlineExceeded
 from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import Config, load_directory
 from slidegate.heap import Heap
-from slidegate.limiter import Descriptor, Limiter, LimiterOptions
+from slidegate.httpapi import HTTP_STATUS
+from slidegate.limiter import Descriptor, InvalidOverride, Limiter, LimiterOptions
 from slidegate.logs import Repeated
 from slidegate.server import start_server
-from slidegate.service import RateLimitService
+from slidegate.service import METHOD, UNDECIDED, InvalidRequest, RateLimitService, refusal
 from slidegate.stack import free_port
 from tests.conftest import Clock
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
@@ -46,6 +52,9 @@ descriptors:
 """
 
 Start = Callable[..., Any]
+
+override_without_unit = descriptor(("client", "c"))
+override_without_unit.limit.requests_per_unit = 1
 
 
 async def test_statuses_in_request_order(rls: Start, clock: Clock) -> None:
@@ -99,6 +108,8 @@ async def test_empty_entries_mean_no_limit(rls: Start) -> None:
     [
         (request("", descriptor(("client", "c"))), "rate limit domain must not be empty"),
         (request("api"), "rate limit descriptor list must not be empty"),
+        (request("api", descriptor(("client", "c"), hits=1), override_without_unit),
+         "descriptor 1: limit override has no valid unit (0)"),
     ],
 )
 async def test_invalid_request(rls: Start, req: rls_pb2.RateLimitRequest, reason: str) -> None:
@@ -357,3 +368,55 @@ async def test_remembered_requests_are_left_out_of_garbage_collections(
     finally:
         gc.unfreeze()
         await backend.close()
+
+
+async def test_values_that_are_not_utf8_are_limited(rls: Start) -> None:
+    stub = await rls(CONFIG)
+    raw = lenient_pb2.LenientRateLimitRequest(domain=b"api")
+    entry = raw.descriptors.add().entries.add()
+    entry.key, entry.value = b"client", b"\xff\xfe"
+    call = stub.channel.unary_unary(  # the same method, fed bytes a proto3 string cannot hold
+        METHOD, request_serializer=lenient_pb2.LenientRateLimitRequest.SerializeToString,
+        response_deserializer=rls_pb2.RateLimitResponse.FromString,
+    )
+    codes = [(await call(raw)).overall_code for _ in range(3)]
+    assert codes == [OK, OK, OVER_LIMIT]
+    # a different byte string is a different client
+    entry.value = b"\xff\xfd"
+    assert (await call(raw)).overall_code == OK
+
+
+async def test_dynamic_metadata_with_values_that_are_not_utf8(rls: Start) -> None:
+    stub = await rls(CONFIG, response_dynamic_metadata="true")
+    raw = lenient_pb2.LenientRateLimitRequest(domain=b"api")
+    entry = raw.descriptors.add().entries.add()
+    entry.key, entry.value = b"client", b"\xff"
+    call = stub.channel.unary_unary(METHOD, request_serializer=lenient_pb2.LenientRateLimitRequest.SerializeToString,
+                                    response_deserializer=rls_pb2.RateLimitResponse.FromString)
+    reply = await call(raw)
+    assert reply.overall_code == OK
+    assert json_format.MessageToDict(reply.dynamic_metadata)["descriptors"] == [{"entries": ["client=\\xff"]}]
+
+
+async def test_the_deepest_metadata_a_config_may_hold_reaches_the_caller(rls: Start) -> None:
+    deepest = "[" * 19 + "1" + "]" * 19  # with its mapping, as deep as the config allows
+    stub = await rls(f"domain: f\ndescriptors:\n  - key: deep\n    rate_limit: {{unit: hour, requests_per_unit: 5}}\n"
+                     f"    metadata: {{x: {deepest}, n: {2**53}}}\n",
+                     response_dynamic_metadata="true")
+    reply = await stub.ShouldRateLimit(request("f", descriptor(("deep", "d"))))  # parsed by the client
+    metadata = json_format.MessageToDict(reply.dynamic_metadata)["descriptors"][0]["metadata"]
+    assert metadata["n"] == 2**53 and json.dumps(metadata["x"]) == deepest.replace("1", "1.0")
+
+
+@pytest.mark.parametrize(("undecided", "code", "http_status"), [
+    (InvalidRequest("r"), grpc.StatusCode.INVALID_ARGUMENT, 400),
+    (InvalidOverride("o"), grpc.StatusCode.INVALID_ARGUMENT, 400),
+    (BackendUnavailable("redis://10.0.0.1:6379/0: ConnectionError"), grpc.StatusCode.UNAVAILABLE, 503),
+    (DeadlineExceeded("redis://10.0.0.1:6379/0: the caller's deadline ran out"),
+     grpc.StatusCode.DEADLINE_EXCEEDED, 504),
+])
+def test_every_undecided_call_has_one_answer(undecided: Exception, code: grpc.StatusCode, http_status: int) -> None:
+    assert isinstance(undecided, UNDECIDED)
+    refused = refusal(undecided)
+    assert (refused.code, HTTP_STATUS[refused.code]) == (code, http_status)
+    assert "10.0.0.1" not in refused.details  # the storage's address stays with the operator

@@ -42,15 +42,17 @@ class Application:
             d.failure_mode in (None, FailureMode.ERROR) for d in self.holder.current.domains.values())
 
 
-def build(settings: Settings, *, clock: Callable[[], int] | None = None, heap: Heap | None = None) -> Application:
-    """The application ``settings`` describe. ``clock`` (microseconds) is for tests; ``heap``: the process's
-    heap keeper (`slidegate serve` only, see slidegate.heap). Raises ConfigError for an invalid config and
-    ValueError for a malformed Redis URL or a TLS file that does not exist."""
+def build(settings: Settings, *, clock: Callable[[], int] | None = None, heap: Heap | None = None,
+          backend: Backend | None = None) -> Application:
+    """The application ``settings`` describe. ``clock`` (microseconds) and ``backend`` (storage other than the
+    settings') are for tests; ``heap``: the process's heap keeper (`slidegate serve` only, see slidegate.heap).
+    Raises ConfigError for an invalid config and ValueError for a malformed Redis URL or a TLS file that does
+    not exist."""
     load = LoadOptions(merge_domains=settings.merge_domain_config, default_algorithm=settings.default_algorithm)
     holder = ConfigHolder(load_directory(settings.config_path, load))
     metrics = Metrics(settings.near_limit_ratio)
     metrics.config_load_success.inc()
-    backend = make_backend(settings)
+    backend = make_backend(settings) if backend is None else backend
     limiter = Limiter(lambda: holder.current, backend, LimiterOptions(
         key_prefix=settings.cache_key_prefix, default_algorithm=settings.default_algorithm,
         stop_when_over=settings.stop_cache_key_increment_when_overlimit, shadow_mode=settings.shadow_mode,

@@ -35,10 +35,14 @@ class InvalidRateLimitRequest(RateLimitUnavailable):
     bug of the caller's, not an outage. A RateLimitUnavailable, so that one handler can still catch both."""
 
 
-def _unavailable(exc: grpc.RpcError) -> RateLimitUnavailable:
-    code = exc.code()  # every RpcError a call raises is also a grpc.Call
+def refused(code: grpc.StatusCode, details: str) -> RateLimitUnavailable:
+    """The exception for a call answered with gRPC status ``code``, remote or in process."""
     kind = InvalidRateLimitRequest if code == grpc.StatusCode.INVALID_ARGUMENT else RateLimitUnavailable
-    return kind(f"{code.name}: {exc.details()}")
+    return kind(f"{code.name}: {details}")
+
+
+def _unavailable(exc: grpc.RpcError) -> RateLimitUnavailable:
+    return refused(exc.code(), exc.details() or "")  # every RpcError a call raises is also a grpc.Call
 
 
 @dataclass(frozen=True, slots=True)

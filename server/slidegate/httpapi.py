@@ -8,6 +8,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 
+import grpc
 from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError
 from aiohttp.web_protocol import RequestPayloadError
@@ -15,14 +16,15 @@ from google.protobuf import json_format
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate._proto.slidegate.wire.v1 import lenient_pb2
-from slidegate.backends.base import BackendUnavailable
 from slidegate.config import Config
 from slidegate.config.describe import describe_config
 from slidegate.health import Health
-from slidegate.limiter import InvalidOverride
-from slidegate.service import OVER_LIMIT, InvalidRequest, RateLimitService, parse_request
+from slidegate.service import OVER_LIMIT, UNDECIDED, InvalidRequest, RateLimitService, parse_request, refusal
 
 JSON = "application/json"
+# the HTTP status of each gRPC status the service refuses a call with (service.refusal)
+HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAVAILABLE: 503,
+               grpc.StatusCode.DEADLINE_EXCEEDED: 504}
 ROUTES = ("json", "healthcheck", "rlconfig", "metrics")
 
 
@@ -57,10 +59,9 @@ def make_app(service: RateLimitService, config: Callable[[], Config], health: He
             return web.json_response({"error": f"unreadable body: {exc}"}, status=400)
         try:
             response = await service.decide(domain, descriptors, lenient.hits_addend)
-        except InvalidOverride as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-        except BackendUnavailable:
-            return web.json_response({"error": "rate limit storage unavailable"}, status=503)
+        except UNDECIDED as exc:
+            code, details = refusal(exc)
+            return web.json_response({"error": details}, status=HTTP_STATUS[code])
         status = 429 if response.overall_code == OVER_LIMIT else 200
         # every field, zeros included: limitRemaining 0 is an answer, not an absent one
         text = json_format.MessageToJson(response, indent=None, always_print_fields_with_no_presence=True)

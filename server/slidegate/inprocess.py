@@ -15,17 +15,15 @@ from typing import Any, TypeVar
 
 from slidegate._proto.slidegate.wire.v1 import lenient_pb2
 from slidegate.application import build
-from slidegate.backends.base import BackendUnavailable
 from slidegate.client import (
     Decision,
     DescriptorSpec,
-    InvalidRateLimitRequest,
     RateLimitUnavailable,
     build_request,
     decision_from_response,
+    refused,
 )
-from slidegate.limiter import InvalidOverride
-from slidegate.service import InvalidRequest, parse_request
+from slidegate.service import UNDECIDED, parse_request, refusal
 from slidegate.settings import Settings
 
 T = TypeVar("T")
@@ -61,10 +59,9 @@ class InProcessLimiter:
             parsed_domain, parsed = parse_request(lenient_pb2.LenientRateLimitRequest.FromString(raw))
             response = await self._service.decide(parsed_domain, parsed, hits_addend,
                                                   self._timeout if timeout is None else timeout)
-        except (InvalidRequest, InvalidOverride) as exc:
-            raise InvalidRateLimitRequest(f"INVALID_ARGUMENT: {exc}") from exc
-        except BackendUnavailable as exc:
-            raise RateLimitUnavailable(str(exc)) from exc
+        except UNDECIDED as exc:
+            # the service's status, with the whole reason: this process is the one whose storage failed
+            raise refused(refusal(exc).code, str(exc)) from exc
         return decision_from_response(response, request)
 
     def should_rate_limit_blocking(self, domain: str, descriptors: Sequence[DescriptorSpec], hits_addend: int = 0,

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 from google.protobuf import struct_pb2
@@ -56,6 +56,29 @@ PREPARED_MAX_ENTRIES = 32
 
 class InvalidRequest(ValueError):
     """A request the service cannot decide; the message is sent back with INVALID_ARGUMENT."""
+
+
+# why a call can go undecided: the caller's request (a bug of theirs), its deadline, or the storage failing
+# under failure mode ``error``
+Undecided = InvalidRequest | InvalidOverride | BackendUnavailable
+UNDECIDED = (InvalidRequest, InvalidOverride, BackendUnavailable)
+
+
+class Refusal(NamedTuple):
+    """The gRPC status of a call that went undecided; the HTTP API and the in-process limiter say the same."""
+
+    code: grpc.StatusCode
+    details: str
+
+
+def refusal(exc: Undecided) -> Refusal:
+    """The one mapping from why a call went undecided to its answer. Storage failing is UNAVAILABLE, so that
+    Envoy's ``failure_mode_deny`` decides; its details name no address (they reach the caller)."""
+    if isinstance(exc, DeadlineExceeded):
+        return Refusal(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline ran out")
+    if isinstance(exc, BackendUnavailable):
+        return Refusal(grpc.StatusCode.UNAVAILABLE, "rate limit storage unavailable")
+    return Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
 
 def _text(raw: bytes) -> str:
@@ -207,24 +230,19 @@ class RateLimitService:
             "envoy.service.ratelimit.v3.RateLimitService", {"ShouldRateLimit": method})
 
     async def should_rate_limit(self, request: bytes, context: Context) -> rls_pb2.RateLimitResponse:
-        prepared = self._prepared.get(request)
-        if prepared is None or not self._limiter.is_current(prepared.plan):
-            try:
-                prepared = self._prepare_bytes(request)
-            except (InvalidRequest, InvalidOverride) as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
+            prepared = self._prepared.get(request)
+            if prepared is None or not self._limiter.is_current(prepared.plan):
+                prepared = self._prepare_bytes(request)
             # answer within the caller's deadline (Envoy sends its filter timeout as the gRPC deadline)
             return await self.answer(prepared, context.time_remaining())
-        except BackendUnavailable as exc:
+        except UNDECIDED as exc:
             remaining = context.time_remaining()
-            if remaining is not None and remaining <= 0:
+            if isinstance(exc, BackendUnavailable) and remaining is not None and remaining <= 0:
                 # gRPC ends a call at its deadline itself (DEADLINE_EXCEEDED) and cancels this task; a status
                 # sent here races that end and gRPC logs the lost race as an ExecuteBatchError traceback
                 raise asyncio.CancelledError from None
-            if isinstance(exc, DeadlineExceeded):
-                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline ran out")
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "rate limit storage unavailable")
+            await context.abort(*refusal(exc))
 
     def _prepare_bytes(self, data: bytes) -> Prepared:
         try:

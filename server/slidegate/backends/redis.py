@@ -74,6 +74,10 @@ Receipt = tuple[int, int]  # what one slot's call wrote for a limit (lua/decide.
 # Limits one script call decides at most for a batch of requests (a larger request goes alone): eight callers'
 # requests of 1,000 descriptors in one call outlasted REDIS_TIMEOUT, and every request batched with them failed
 MAX_BATCH_CHECKS = 256
+# What a Redis that fails or cannot be reached raises, through redis-py or our own connections (TimeoutError, an
+# OSError: no answer in time). Each becomes BackendUnavailable, in RedisBackend._unavailable, and nothing else
+# does: any other exception is a bug and goes up as itself.
+STORAGE_ERRORS = (RedisError, RedisClusterException, OSError)
 
 
 class Unconfirmed(BackendUnavailable):
@@ -205,12 +209,14 @@ class RedisBackend:
                 if len(groups) == 1:
                     return (await self._decided([(checks, clock)]))[0]
                 return await self._decide_across_slots(checks, groups, clock, scope)
-        except TimeoutError as exc:
-            if caller_first:
+        except STORAGE_ERRORS as exc:
+            if caller_first and isinstance(exc, TimeoutError):
                 raise DeadlineExceeded(f"{self.describe()}: the caller's deadline ({timeout:.3f} s) ran out") from exc
-            raise BackendUnavailable(f"{self.describe()}: {_reason(exc)}") from exc
-        except (RedisError, RedisClusterException, OSError) as exc:
-            raise BackendUnavailable(f"{self.describe()}: {_reason(exc)}") from exc
+            raise self._unavailable(exc) from exc
+
+    def _unavailable(self, exc: BaseException) -> BackendUnavailable:
+        """The one mapping of a storage error (STORAGE_ERRORS) to what the limiter's failure mode answers."""
+        return BackendUnavailable(f"{self.describe()}: {_reason(exc)}")
 
     async def _decide_across_slots(self, checks: Sequence[Check], groups: list[list[int]], clock: str | int,
                                    scope: asyncio.Timeout) -> Decision:
@@ -409,7 +415,7 @@ class RedisBackend:
             except ResponseError:
                 self._answered()  # an error reply: Redis is there
                 raise
-            except (RedisError, RedisClusterException, OSError) as exc:
+            except STORAGE_ERRORS as exc:
                 # redis-py's Cluster client does not say whether the connection was new: counted
                 self._failed(_reason(exc))
                 raise
@@ -438,7 +444,7 @@ class RedisBackend:
             try:
                 # Sentinel's: connected to the master in use, which it still is (nothing awaited until the send)
                 connection = await self._connect()
-            except (RedisError, OSError) as exc:
+            except STORAGE_ERRORS as exc:
                 if script:
                     self._failed(_reason(exc))  # no connection to be had: evidence that Redis is failing
                 raise
@@ -529,11 +535,10 @@ class RedisBackend:
                     if self._wait_replicas:
                         await self._check_replicas()
                 return
-            except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
+            except STORAGE_ERRORS as exc:
                 if attempt == 1:
-                    reason = _reason(exc)
-                    self._failed(f"ping: {reason}")
-                    raise BackendUnavailable(f"{self.describe()}: {reason}") from exc
+                    self._failed(f"ping: {_reason(exc)}")
+                    raise self._unavailable(exc) from exc
 
     async def _check_replicas(self) -> None:
         """Raise BackendUnavailable (no evidence for the breaker: Redis answers) when the master has fewer

@@ -1,0 +1,197 @@
+"""envoyproxy/ratelimit's rules, decided by the service and its limiter on each backend (memory and Redis) with
+an injected clock, no gRPC server in between: overrides, replaces, shadow and quota mode, dynamic metadata,
+unit multipliers, negative hits, wildcards and unlimited rules. Their wire form is tested in test_service.py."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import grpc
+import pytest
+from google.protobuf import json_format
+
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
+from slidegate._proto.envoy.type.v3 import ratelimit_unit_pb2
+from slidegate.algorithms import Algorithm
+from slidegate.limiter import InvalidOverride
+from slidegate.service import InvalidRequest, refusal
+from tests.conftest import Clock, Decider
+from tests.helpers import OK, OVER_LIMIT, descriptor, request
+
+Limits = Callable[..., Awaitable[Decider]]
+
+CONFIG = """
+domain: f
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2, name: per-user}
+  - key: vip
+    rate_limit: {unit: minute, requests_per_unit: 100, name: vip, replaces: [{name: per-user}]}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: quota
+    quota_mode: true
+    metadata: {plan: free}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: five_minutes
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 1, algorithm: fixed_window}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: minute, requests_per_unit: 1}
+"""
+
+
+async def test_override_replaces_the_configured_limit(limits: Limits) -> None:
+    service = await limits(CONFIG)
+    d = descriptor(("user", "u1"))
+    d.limit.requests_per_unit = 1
+    d.limit.unit = ratelimit_unit_pb2.HOUR
+    d.limit.unit_multiplier.value = 2
+    first = await service.should_rate_limit(request("f", d))
+    status = first.statuses[0]
+    assert (first.overall_code, status.limit_remaining) == (OK, 0)
+    assert (status.current_limit.requests_per_unit, status.current_limit.unit) == (
+        1, rls_pb2.RateLimitResponse.RateLimit.HOUR)
+    assert status.current_limit.unit_multiplier.value == 2
+    assert status.duration_until_reset.seconds == 7200
+    assert (await service.should_rate_limit(request("f", d))).overall_code == OVER_LIMIT
+    # the override has its own counter: the configured 2/minute is untouched
+    plain = await service.should_rate_limit(request("f", descriptor(("user", "u1"))))
+    assert (plain.overall_code, plain.statuses[0].limit_remaining) == (OK, 1)
+    # for an unknown domain overrides are ignored
+    unknown = await service.should_rate_limit(request("nope", d))
+    assert unknown.overall_code == OK and not unknown.statuses[0].HasField("current_limit")
+
+
+async def test_an_override_without_a_unit_is_a_bad_request(limits: Limits) -> None:
+    service = await limits(CONFIG)
+    d = descriptor(("user", "u1"))
+    d.limit.requests_per_unit = 1
+    with pytest.raises(InvalidRequest) as caught:
+        await service.should_rate_limit(request("f", d))
+    assert refusal(caught.value) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                     "descriptor 0: limit override has no valid unit (0)")
+
+
+async def test_replaces_drops_the_named_limit(limits: Limits) -> None:
+    service = await limits(CONFIG)
+    for _ in range(3):
+        reply = await service.should_rate_limit(request("f", descriptor(("user", "u")), descriptor(("vip", "u"))))
+        assert reply.overall_code == OK
+        assert not reply.statuses[0].HasField("current_limit")  # per-user replaced by vip
+        assert reply.statuses[1].current_limit.name == "vip"
+    # on its own, per-user was never counted
+    alone = await service.should_rate_limit(request("f", descriptor(("user", "u"))))
+    assert alone.statuses[0].limit_remaining == 1
+
+
+async def test_shadow_mode_rule_never_rejects(limits: Limits) -> None:
+    service = await limits(CONFIG)
+    codes = []
+    for _ in range(3):
+        reply = await service.should_rate_limit(request("f", descriptor(("shadow", "s")), descriptor(("user", "v"))))
+        codes.append((reply.overall_code, reply.statuses[0].code, reply.statuses[0].limit_remaining))
+    # the shadow rule is over from the second call, but reports OK and does not block the user limit
+    assert codes == [(OK, OK, 0), (OK, OK, 0), (OVER_LIMIT, OK, 0)]
+
+
+async def test_global_shadow_mode(limits: Limits) -> None:
+    service = await limits(CONFIG, shadow_mode="true")
+    replies = [await service.should_rate_limit(request("f", descriptor(("user", "g")))) for _ in range(3)]
+    assert [r.overall_code for r in replies] == [OK, OK, OK]
+    assert [r.statuses[0].code for r in replies] == [OK, OK, OVER_LIMIT]  # descriptors keep their real code
+
+
+async def test_quota_mode_and_dynamic_metadata(limits: Limits) -> None:
+    service = await limits(CONFIG, response_dynamic_metadata="true")
+    replies = [await service.should_rate_limit(request("f", descriptor(("quota", "q")), descriptor(("nothing", "x"))))
+               for _ in range(2)]
+    assert [r.overall_code for r in replies] == [OK, OK]
+    assert json_format.MessageToDict(replies[1].dynamic_metadata) == {
+        "domain": "f",
+        "descriptors": [{"entries": ["quota=q"], "metadata": {"plan": "free"}}, {"entries": ["nothing=x"]}],
+        "quotaModeEnabled": True,
+        "quotaModeViolations": [0.0],
+    }
+    assert json_format.MessageToDict(replies[0].dynamic_metadata)["quotaModeViolations"] == []
+    plain = await limits(CONFIG)
+    reply = await plain.should_rate_limit(request("f", descriptor(("quota", "q"))))
+    assert not reply.HasField("dynamic_metadata")
+
+
+async def test_unit_multiplier_reported_to_envoy(limits: Limits, clock: Clock) -> None:
+    service = await limits(CONFIG)
+    clock.now_us = (clock.now_us // 300_000_000) * 300_000_000 + 60_000_000  # one minute into a 5-minute window
+    reply = await service.should_rate_limit(request("f", descriptor(("five_minutes", "x"))))
+    limit = reply.statuses[0].current_limit
+    assert (limit.unit, limit.unit_multiplier.value) == (rls_pb2.RateLimitResponse.RateLimit.MINUTE, 5)
+    assert reply.statuses[0].duration_until_reset.seconds == 240
+
+
+async def test_negative_hits_give_budget_back(limits: Limits) -> None:
+    service = await limits(CONFIG)
+    for _ in range(2):
+        await service.should_rate_limit(request("f", descriptor(("user", "n"))))
+    assert (await service.should_rate_limit(request("f", descriptor(("user", "n"))))).overall_code == OVER_LIMIT
+    refund = descriptor(("user", "n"), hits=1)
+    refund.is_negative_hits = True
+    reply = await service.should_rate_limit(request("f", refund))
+    assert (reply.overall_code, reply.statuses[0].limit_remaining) == (OK, 1)
+    assert (await service.should_rate_limit(request("f", descriptor(("user", "n"))))).overall_code == OK
+
+
+async def test_wildcard_value_counts_per_value(limits: Limits) -> None:
+    service = await limits(CONFIG)
+    for path in ("/api/a", "/api/b"):
+        assert (await service.should_rate_limit(request("f", descriptor(("path", path))))).overall_code == OK
+    assert (await service.should_rate_limit(request("f", descriptor(("path", "/api/a"))))).overall_code == OVER_LIMIT
+    free = await service.should_rate_limit(request("f", descriptor(("path", "/other"))))
+    assert free.overall_code == OK and not free.statuses[0].HasField("current_limit")
+
+
+async def test_an_override_with_a_window_beyond_exact_counting_is_refused(limits: Limits) -> None:
+    service = await limits(CONFIG, default_algorithm=Algorithm.TOKEN_BUCKET.value)
+    d = descriptor(("user", "o"))
+    d.limit.requests_per_unit, d.limit.unit = 1, ratelimit_unit_pb2.YEAR
+    d.limit.unit_multiplier.value = 1000
+    with pytest.raises(InvalidOverride) as caught:
+        await service.should_rate_limit(request("f", d))
+    assert refusal(caught.value) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                     "limit override window of 31536000000 s is longer than the 9007199254 s allowed")
+
+
+async def test_an_override_of_the_largest_token_bucket_counts_exactly(limits: Limits, clock: Clock) -> None:
+    # 4294967291 (a prime) a year: a token is 31,536,000,000,000 ticks, a full bucket about 2^77 (once refused)
+    service = await limits(CONFIG, default_algorithm=Algorithm.TOKEN_BUCKET.value)
+
+    async def take(hits: int) -> tuple[int, int, int]:
+        d = descriptor(("user", "o"), hits=hits)
+        d.limit.requests_per_unit, d.limit.unit = 4294967291, ratelimit_unit_pb2.YEAR
+        reply = await service.should_rate_limit(request("f", d))
+        return reply.overall_code, reply.statuses[0].limit_remaining, reply.statuses[0].duration_until_reset.seconds
+
+    assert await take(4294967291) == (OK, 0, 31_536_000)
+    assert await take(1) == (OVER_LIMIT, 0, 1)  # a token every 7.3 ms, rounded up to a whole second
+    clock.advance(1.0)  # 136.19 tokens back
+    assert await take(137) == (OVER_LIMIT, 0, 1)
+    assert (await take(136))[:2] == (OK, 0)
+    clock.advance(31_536_000.0)
+    assert await take(0) == (OK, 4294967291, 0)
+
+
+async def test_an_unlimited_rule_replaces_too(limits: Limits) -> None:
+    service = await limits("""
+        domain: r
+        descriptors:
+          - key: remote_address
+            rate_limit: {unit: minute, requests_per_unit: 0, name: per-client}
+          - key: api_key
+            value: premium
+            rate_limit: {unlimited: true, replaces: [{name: per-client}]}
+    """)
+    reply = await service.should_rate_limit(request("r", descriptor(("remote_address", "1.2.3.4")),
+                                                    descriptor(("api_key", "premium"))))
+    assert reply.overall_code == OK
+    alone = await service.should_rate_limit(request("r", descriptor(("remote_address", "1.2.3.4"))))
+    assert alone.overall_code == OVER_LIMIT
