@@ -1,5 +1,5 @@
-"""What one script call costs the event loop's thread, client by client: the evidence behind README
-"Performance" for where a Redis-backed call's time goes.
+"""What one script call costs the event loop's thread, client by client: the evidence behind
+docs/performance.md's "What limits it" for where a Redis-backed call's time goes.
 
     python -m bench.client_cost [REDIS_URL] [--calls 10000]     # from the repository root
 

@@ -2,7 +2,8 @@
 
 Each algorithm gets one key filled the same way: a limit of N per minute and N admitted requests of one hit
 each (for the log, that is its largest size), for N = 100 and 1,000 (Redis keeps small sorted sets in a compact
-encoding up to 128 members). Prints a markdown table; README.md's algorithm table shows it.
+encoding up to 128 members). Prints a markdown table; docs/algorithms.md shows it (tests/test_accuracy.py checks
+that page against a new measurement).
 
     python bench/memory_per_key.py [REDIS_URL]
 """

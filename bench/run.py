@@ -8,7 +8,7 @@ Starts a private redis-server (or uses REDIS_URL), the no-op RLS server (bench/n
 ceiling), the same server waiting for one EVALSHA per call with no client library (the least a Redis round
 trip costs) and `slidegate serve`, and drives both with h2load over gRPC (a pre-serialised request; h2load
 repeats one request, so each workload names its keys in its body). Every number is the median of --repeat
-runs; the README shows the ratios, since absolute numbers vary by ±20% on shared machines.
+runs; docs/performance.md shows the tables and the ratios, since absolute numbers vary by ±20% on shared machines.
 
 Writes <out>.md (the tables) and <out>.png (a chart of calls/s).
 """

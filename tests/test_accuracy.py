@@ -1,4 +1,4 @@
-"""What the README's algorithm table claims, measured: the sliding-window counter's error, and the memory of a
+"""What docs/algorithms.md's tables claim, measured: the sliding-window counter's error, and the memory of a
 full key per algorithm."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ async def test_worst_case_rolling_window(redis_url: str, key_prefix: str, backen
 @pytest.mark.parametrize(("rate", "at_most"), [(1.2, 112), (2.0, 106), (5.0, 102)])
 async def test_counter_error_under_random_traffic(redis_url: str, rate: float, at_most: int) -> None:
     # Poisson arrivals at `rate` times the limit for 10 minutes (seeded): the busiest rolling window holds
-    # a few percent more than the limit, as the README says
+    # a few percent more than the limit, as docs/algorithms.md says
     rng = random.Random(1)
     times, t = [], T0
     while t < T0 + 600 * S:
@@ -66,12 +66,12 @@ async def test_counter_error_under_random_traffic(redis_url: str, rate: float, a
     assert LIMIT < busiest <= at_most
 
 
-async def test_readme_memory_table_is_measured(redis_url: str) -> None:
+async def test_the_memory_table_is_measured(redis_url: str) -> None:
     sizes = await measure(redis_url)
-    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "docs" / "algorithms.md").read_text()
     for algorithm in Algorithm:
-        row = re.search(rf"^\| `{algorithm.value}` \| (\d+) \| (\d+) \|$", readme, re.MULTILINE)
-        assert row, f"README has no memory row for {algorithm.value}"
+        row = re.search(rf"^\| `{algorithm.value}` \| (\d+) \| (\d+) \|$", page, re.MULTILINE)
+        assert row, f"docs/algorithms.md has no memory row for {algorithm.value}"
         small, large = int(row.group(1)), int(row.group(2))
         assert small == pytest.approx(sizes[(algorithm, 100)], rel=0.15), algorithm
         assert large == pytest.approx(sizes[(algorithm, 1000)], rel=0.15), algorithm

@@ -1,4 +1,5 @@
-"""`slidegate simulate`: the picture of the algorithms in the README, and the numbers behind it."""
+"""`slidegate simulate`: the picture of the algorithms in the README (and docs/algorithms.md), and the numbers
+behind it."""
 
 from __future__ import annotations
 
@@ -31,9 +32,10 @@ def test_the_command_draws_the_readmes_picture(tmp_path: Path) -> None:
     out = tmp_path / "algorithms.png"
     result = CliRunner().invoke(main, ["simulate", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    # the image the README shows is this command's, at the same size
+    # the image the README and docs/algorithms.md show is this command's, at the same size
     assert png_size(out) == png_size(ROOT / "docs" / "algorithms.png")
     assert "docs/algorithms.png" in (ROOT / "README.md").read_text()
+    assert "](algorithms.png)" in (ROOT / "docs" / "algorithms.md").read_text()
     burst = [line for line in result.output.splitlines() if line.startswith("burst across a window boundary")]
     assert [line.split()[6:9] for line in burst if "fixed_window" in line] == [["20", "20", "20"]]
 

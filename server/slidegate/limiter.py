@@ -1,7 +1,7 @@
 """The limiter: which limits a request's descriptors hit, and the backend's all-or-nothing decision on them.
 
 Transport-neutral: the gRPC service translates protobuf to ``Descriptor`` and ``Status`` back. Matching and
-``replaces`` follow envoyproxy/ratelimit (see README "Configuration").
+``replaces`` follow envoyproxy/ratelimit (see docs/configuration.md, "Matching").
 """
 
 from __future__ import annotations

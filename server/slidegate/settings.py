@@ -2,7 +2,7 @@
 command-line flags (a flag wins over its variable, which wins over the default).
 
 Names follow envoyproxy/ratelimit where it has the setting (``REDIS_URL``, ``GRPC_PORT``, ``RUNTIME_ROOT`` …);
-README.md's settings table lists them all and a test keeps it equal to ``SPECS``.
+docs/configuration.md's settings table lists them all and a test keeps it equal to ``SPECS``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Natural batching: calls that arrive while earlier ones are at Redis travel together in the next round trip.
 
-No timer decides when a batch leaves (a timer-based coalescer lost 20% of throughput on this kind of machine,
-see the README's benchmark section): a call is sent at once when fewer than ``max_in_flight`` batches are
+No timer decides when a batch leaves (a timer-based coalescer lost 20% of throughput on this kind of machine;
+docs/performance.md says what limits a call): a call is sent at once when fewer than ``max_in_flight`` batches are
 out, and otherwise waits for one of them to return, when everything waiting leaves as one batch. An idle
 service therefore answers with no added latency, and a busy one sends fewer, larger round trips — each saves
 the client's fixed per-command cost, the main cost of a Redis call from Python.

@@ -1,7 +1,7 @@
 """Load envoyproxy/ratelimit YAML config files into the model, reporting every error with file, line and field.
 
 The format (one ``domain`` per file, nested ``descriptors`` with ``key``/``value``/``rate_limit``) and its
-validation rules follow envoyproxy/ratelimit (``src/config/config_impl.go``); see README "Configuration".
+validation rules follow envoyproxy/ratelimit (``src/config/config_impl.go``); see docs/configuration.md.
 YAML is composed into nodes (not plain dicts) so that each error can point at its line.
 """
 
