@@ -8,14 +8,17 @@
 -- ARGV[1]   now in microseconds since the epoch, or "" to use Redis TIME (one clock for all replicas).
 -- ARGV[2]   R, the number of requests; then for each request: n (its number of limits), then for each of its
 --           limits: algorithm name, p1, p2, p3 (the algorithm's parameters, see its file), hits (0 = check
---           only; negative = give |hits| back, Envoy's is_negative_hits), shadow ("1": the limit is
---           evaluated but being over does not reject the request, else "0").
+--           only; negative = give |hits| back, Envoy's is_negative_hits), mode ("0": being over rejects the
+--           request; "1", shadow: the limit is evaluated but being over does not reject the request; "2", quota
+--           (envoyproxy/ratelimit's quota_mode): the request is rejected when every one of its quota limits is
+--           over).
 --           A request that may be undone (one part of a request that spans Redis Cluster slots, whose other
 --           parts are decided by other nodes) gives -n instead of n, followed by the lifetime of its holds in
 --           microseconds (see token_bucket.lua); its hits are never negative.
 -- KEYS      the storage key of every limit, request after request (one key per limit, whatever the algorithm).
 --
--- All-or-nothing per request: a request is admitted only when none of its (non-shadow) limits is over; then
+-- All-or-nothing per request: a request is admitted only when none of its limits of mode "0" is over, and not
+-- every one of its quota limits (if it has any) is over (backends/base.py's admits is the twin); then
 -- every one of its limits' state is written, otherwise none is (except an algorithm that counts denied hits,
 -- fixed_window by default).
 -- Reply: for each request in order: admitted (0|1), then for each of its limits: over (0|1), remaining,
@@ -72,6 +75,7 @@ local function decide(k0, a0, n, hold, reply)
   local order = {}    -- keys in first-seen order: writes happen in a deterministic order
   local answers = {}
   local admitted = 1
+  local quotas, quotas_over = 0, 0
   for i = 1, n do
     local b = a0 + (i - 1) * 6 + 1
     local algorithm = algorithms[ARGV[b]]
@@ -91,8 +95,15 @@ local function decide(k0, a0, n, hold, reply)
     -- a rejected request reports each limit as it was before this request, even a limit named twice
     if st.before == nil then st.before = {answer[2], answer[3]} end
     answers[i] = answer
-    if answer[1] == 1 and ARGV[b + 5] ~= '1' then admitted = 0 end
+    local mode = ARGV[b + 5]
+    if mode == '2' then
+      quotas = quotas + 1
+      if answer[1] == 1 then quotas_over = quotas_over + 1 end
+    elseif answer[1] == 1 and mode ~= '1' then
+      admitted = 0
+    end
   end
+  if quotas > 0 and quotas_over == quotas then admitted = 0 end
 
   for _, key in ipairs(order) do
     local st = states[key]

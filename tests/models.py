@@ -35,6 +35,7 @@ class Check:
     burst: int | None = None
     stop_when_over: bool = False
     shadow: bool = False  # over limit does not reject the request
+    quota: bool = False  # over limit rejects the request only if every quota check of it is over
 
 
 class Model:
@@ -194,11 +195,14 @@ class Model:
         befores: list[tuple[int, int]] = []
         counted_anyway: set[int] = set()
         admitted = True
+        quotas_over = []
         for i, c in enumerate(checks):
             befores.append(self._view(c, now))
             wait = self._over(c, now) if c.hits >= 0 else None
+            if c.quota:
+                quotas_over.append(wait is not None)
             if wait is not None:
-                admitted = admitted and c.shadow
+                admitted = admitted and (c.shadow or c.quota)
                 answers.append(Answer(True, 0, wait))
                 if c.algorithm == "token_bucket":
                     self._apply(dataclasses.replace(c, hits=0), now)  # the bucket's refill so far is kept
@@ -210,6 +214,8 @@ class Model:
             if c.algorithm == "fixed_window" and not c.stop_when_over:
                 counted_anyway.add(i)
             answers.append(Answer(False, *self._view(c, now)))
+        if quotas_over and all(quotas_over):
+            admitted = False  # envoyproxy/ratelimit's quota mode: every quota limit of the request is over
         if admitted:
             for c in checks:
                 if c.algorithm == "sliding_window_log":

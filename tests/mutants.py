@@ -76,6 +76,9 @@ MUTANTS = [
            "if status.rule and status.rule.rate_limit\n",
            "if status.limit and status.rule and status.rule.rate_limit\n",
            ("tests/test_rules.py",)),
+    Mutant("quota limits never reject (Lua)", "lua/decide.lua",
+           "  if quotas > 0 and quotas_over == quotas then admitted = 0 end", "",
+           ("tests/test_rules.py",)),
 ]
 
 

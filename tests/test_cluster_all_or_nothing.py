@@ -44,12 +44,13 @@ Start = Callable[..., tuple[Limiter, RedisBackend]]
 
 @pytest.fixture
 def start(cluster: Cluster, write_config: Callable[..., Path]) -> Start:
-    """``start(org, user, algorithm, stop_when_over, domain_slot=False)``: a limiter whose domain ``o`` has an org
-    limit and a user limit per day (a day: nothing refills or rolls over during a test), and its backend, which
-    the test closes."""
+    """``start(org, user, algorithm, stop_when_over, domain_slot=False, failure_mode=, quota_mode=, key_prefix=)``:
+    a limiter whose domain ``o`` has an org limit and a user limit per day (a day: nothing refills or rolls over
+    during a test), and its backend, which the test closes."""
 
-    def make(org: int, user: int, algorithm: Algorithm, stop_when_over: bool = False, *,
-             domain_slot: bool = False, failure_mode: FailureMode = FailureMode.ERROR) -> tuple[Limiter, RedisBackend]:
+    def make(org: int, user: int, algorithm: Algorithm, stop_when_over: bool = False, *, domain_slot: bool = False,
+             failure_mode: FailureMode = FailureMode.ERROR, quota_mode: bool = False,
+             key_prefix: str = "") -> tuple[Limiter, RedisBackend]:
         config = load_directory(write_config(f"""
             domain: o
             descriptors:
@@ -59,8 +60,8 @@ def start(cluster: Cluster, write_config: Callable[..., Path]) -> Start:
                 rate_limit: {{unit: day, requests_per_unit: {user}, algorithm: {algorithm.value}}}
         """))  # the directory's one file: a second limiter of a test replaces it
         backend = RedisBackend(Topology("cluster", cluster.url), timeout=2.0)
-        options = LimiterOptions(key_prefix=f"t-{uuid.uuid4().hex[:8]}:", stop_when_over=stop_when_over,
-                                 domain_slot=domain_slot, failure_mode=failure_mode)
+        options = LimiterOptions(key_prefix=key_prefix or f"t-{uuid.uuid4().hex[:8]}:", stop_when_over=stop_when_over,
+                                 domain_slot=domain_slot, failure_mode=failure_mode, quota_mode=quota_mode)
         return Limiter(lambda: config, backend, options), backend
 
     return make
@@ -123,6 +124,44 @@ async def test_fixed_windows_that_count_denied_hits_keep_them_as_on_one_slot(sta
             await backend.close()
     assert results[0] == results[1]
     assert sum(results[0][0]) < 20  # the denied 6th and 7th requests took the org's room, by design
+
+
+async def test_quota_limits_in_several_slots_reject_only_when_all_are_over(
+        cluster: Cluster, write_config: Callable[..., Path]) -> None:
+    # envoyproxy/ratelimit's quota mode (src/service/ratelimit.go): each slot sees some of the request's quota
+    # limits, so the rule is applied to them all at once, and a rejection undoes what the slots wrote
+    def limiter(limit: int) -> Limiter:
+        config = load_directory(write_config(f"""
+            domain: o
+            descriptors:
+              - key: org
+                rate_limit: {{unit: day, requests_per_unit: {limit}}}
+              - key: user
+                quota_mode: true
+                rate_limit: {{unit: day, requests_per_unit: {limit // 50}}}
+              - key: team
+                quota_mode: true
+                rate_limit: {{unit: day, requests_per_unit: {limit // 25}}}
+        """))
+        return Limiter(lambda: config, backend, LimiterOptions(key_prefix=prefix))
+
+    backend = RedisBackend(Topology("cluster", cluster.url), timeout=2.0)
+    prefix = f"t-{uuid.uuid4().hex[:8]}:"
+    slots = {key_slot(limit_key(prefix, LOG.value, "o", [(k, "a")]).encode()) for k in ("org", "user", "team")}
+    assert len(slots) == 3
+    request = [Descriptor((("org", "a"),)), Descriptor((("user", "a"),)), Descriptor((("team", "a"),))]
+    try:
+        quota = limiter(100)  # org 100, user 2, team 4 a day
+        answers = [[s.over for s in await quota.should_rate_limit("o", request)] for _ in range(5)]
+        # the user's limit over from the 3rd: admitted while the team's is not; the 5th: both over, rejected
+        assert answers == [[False] * 3, [False] * 3, [False, True, False], [False, True, False], [False, True, True]]
+        # the same keys under higher limits: the org counted the 4 admitted requests, not the rejected 5th
+        roomy = limiter(5000)
+        left = [s.remaining for s in await roomy.should_rate_limit("o", [Descriptor(d.entries, hits_addend=0)
+                                                                          for d in request])]
+        assert left == [4996, 98, 196]
+    finally:
+        await backend.close()
 
 
 @pytest.mark.parametrize(("algorithm", "stop_when_over"), UNDONE)

@@ -45,15 +45,16 @@ FORWARD = st.one_of(st.sampled_from([0, 1, 250_000, 499_999, 500_000, 1_000_000]
 # Redis TIME can step back (NTP, failover); the log and the bucket never let time run backwards per limit
 BACKWARD = st.one_of(FORWARD, st.sampled_from([-1, -300_000, -1_000_000]))
 HITS = [-50, -3, -2, -1, 0, 1, 1, 1, 2, 3, 5, 12]
+ENFORCED, SHADOW, QUOTA = 0, 1, 2  # how a limit's being over counts (slidegate.backends.base.admits)
 
 
 def steps(
     clock: st.SearchStrategy[int], limits: list[Limit] = LIMITS, hits: list[int] = HITS
-) -> st.SearchStrategy[list[tuple[int, list[tuple[int, int, bool]]]]]:
-    """Steps of (clock step in microseconds, [(limit index, hits, shadow)]): coarse clock steps land exactly on
-    window edges, fine ones between them."""
+) -> st.SearchStrategy[list[tuple[int, list[tuple[int, int, int]]]]]:
+    """Steps of (clock step in microseconds, [(limit index, hits, mode)]): coarse clock steps land exactly on
+    window edges, fine ones between them; a limit's mode is ENFORCED, SHADOW or QUOTA."""
     check = st.tuples(st.integers(0, len(limits) - 1), st.sampled_from(hits),
-                      st.sampled_from([False, False, False, True]))
+                      st.sampled_from([ENFORCED, ENFORCED, ENFORCED, SHADOW, QUOTA, QUOTA]))
     return st.lists(st.tuples(clock, st.lists(check, min_size=1, max_size=4)), min_size=1, max_size=40)
 
 
@@ -68,7 +69,7 @@ def test_backend_agrees_with_model(
     trace = data.draw(steps(clock))
     if backend_name.endswith("blocked-cache"):
         # the cache's one documented blind spot: room made early by hits given back (or by time running back)
-        trace = [(abs(step), [(i, abs(hits), shadow) for i, hits, shadow in picks]) for step, picks in trace]
+        trace = [(abs(step), [(i, abs(hits), mode) for i, hits, mode in picks]) for step, picks in trace]
     run_trace(redis_url, keep_alive, backend_name, algorithm, LIMITS, trace)
 
 
@@ -156,7 +157,7 @@ def keep_alive(redis_url: str) -> Iterator[str]:
 
 
 def run_trace(redis_url: str, keep_alive: str, backend_name: str, algorithm: Algorithm, limits: list[Limit],
-              trace: list[tuple[int, list[tuple[int, int, bool]]]], reset_error: float = 0) -> None:
+              trace: list[tuple[int, list[tuple[int, int, int]]]], reset_error: float = 0) -> None:
     """Play ``trace`` on the backend and on the model, and require the same answer at every step; each reset
     within ``reset_error`` of the model's, relative (at least 1 µs when not 0)."""
     prefix = f"sgprop-{uuid.uuid4().hex}:"
@@ -172,13 +173,14 @@ def run_trace(redis_url: str, keep_alive: str, backend_name: str, algorithm: Alg
                 now += clock_step
                 checks = [
                     Check(f"{prefix}{i}", limits[i][0], limits[i][1], hits, algorithm,
-                          burst=limits[i][2], stop_when_over=limits[i][3], shadow=shadow)
-                    for i, hits, shadow in picks
+                          burst=limits[i][2], stop_when_over=limits[i][3], shadow=mode == SHADOW,
+                          quota=mode == QUOTA)
+                    for i, hits, mode in picks
                 ]
                 decision = await backend.decide(checks, now)
                 admitted, expected = model.decide(now, [
                     ModelCheck(c.key, algorithm.value, c.limit, c.window_us, c.hits, c.burst, c.stop_when_over,
-                               c.shadow)
+                               c.shadow, c.quota)
                     for c in checks
                 ])
                 got = [(o.over, o.remaining, o.reset_us) for o in decision.outcomes]

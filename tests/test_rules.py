@@ -34,6 +34,9 @@ descriptors:
     quota_mode: true
     metadata: {plan: free}
     rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: quota2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
   - key: five_minutes
     rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 1, algorithm: fixed_window}
   - key: path
@@ -107,7 +110,8 @@ async def test_quota_mode_and_dynamic_metadata(limits: Limits) -> None:
     service = await limits(CONFIG, response_dynamic_metadata="true")
     replies = [await service.should_rate_limit(request("f", descriptor(("quota", "q")), descriptor(("nothing", "x"))))
                for _ in range(2)]
-    assert [r.overall_code for r in replies] == [OK, OK]
+    # its only quota descriptor over: every quota descriptor of the request is, so it is rejected
+    assert [(r.overall_code, r.statuses[0].code) for r in replies] == [(OK, OK), (OVER_LIMIT, OVER_LIMIT)]
     assert json_format.MessageToDict(replies[1].dynamic_metadata) == {
         "domain": "f",
         "descriptors": [{"entries": ["quota=q"], "metadata": {"plan": "free"}}, {"entries": ["nothing=x"]}],
@@ -195,3 +199,59 @@ async def test_an_unlimited_rule_replaces_too(limits: Limits) -> None:
     assert reply.overall_code == OK
     alone = await service.should_rate_limit(request("r", descriptor(("remote_address", "1.2.3.4"))))
     assert alone.overall_code == OVER_LIMIT
+
+
+async def test_quota_mode_rejects_only_when_every_quota_descriptor_is_over(limits: Limits) -> None:
+    """envoyproxy/ratelimit's quota mode (src/service/ratelimit.go, shouldRateLimitWorker): a quota-mode
+    descriptor over its limit keeps OVER_LIMIT as its own code; the request is OVER_LIMIT when a descriptor not
+    in quota mode is over, or when every quota-mode descriptor of the request is (at least one)."""
+    service = await limits(CONFIG)
+    q1, q2 = descriptor(("quota", "a")), descriptor(("quota2", "a"))
+    assert (await service.should_rate_limit(request("f", q1))).overall_code == OK  # quota a: 1 of 1
+    # one quota descriptor over, the other not: admitted, the over one says so
+    both = await service.should_rate_limit(request("f", q1, q2))
+    assert (both.overall_code, [s.code for s in both.statuses]) == (OK, [OVER_LIMIT, OK])
+    assert both.statuses[1].limit_remaining == 2  # quota2 a: 1 of 3
+    # a descriptor not in quota mode that is over rejects whatever the quota ones say
+    for _ in range(2):
+        await service.should_rate_limit(request("f", descriptor(("user", "a"))))
+    mixed = await service.should_rate_limit(request("f", q2, descriptor(("user", "a"))))
+    assert (mixed.overall_code, [s.code for s in mixed.statuses]) == (OVER_LIMIT, [OK, OVER_LIMIT])
+    # all-or-nothing: neither rejected request counted anything on its other descriptors
+    assert (await service.should_rate_limit(request("f", q2))).statuses[0].limit_remaining == 1  # 2 of 3
+    assert (await service.should_rate_limit(request("f", q2))).statuses[0].limit_remaining == 0  # 3 of 3
+    # now both quota descriptors are over: rejected
+    over = await service.should_rate_limit(request("f", q1, q2))
+    assert (over.overall_code, [s.code for s in over.statuses]) == (OVER_LIMIT, [OVER_LIMIT, OVER_LIMIT])
+
+
+async def test_a_request_rejected_by_its_quota_descriptors_counts_nothing(limits: Limits) -> None:
+    service = await limits(CONFIG)
+    await service.should_rate_limit(request("f", descriptor(("quota", "b"))))
+    rejected = await service.should_rate_limit(request("f", descriptor(("quota", "b")), descriptor(("user", "b"))))
+    assert (rejected.overall_code, [s.code for s in rejected.statuses]) == (OVER_LIMIT, [OVER_LIMIT, OK])
+    alone = await service.should_rate_limit(request("f", descriptor(("user", "b"))))
+    assert alone.statuses[0].limit_remaining == 1  # the rejected request took none of per-user's 2
+
+
+async def test_global_quota_mode(limits: Limits) -> None:
+    """QUOTA_MODE=true (envoyproxy/ratelimit src/settings/settings.go) puts every limit in quota mode; a
+    shadow_mode rule stays a shadow."""
+    service = await limits(CONFIG, quota_mode="true", response_dynamic_metadata="true")
+    user, path = descriptor(("user", "g")), descriptor(("path", "/api/g"))
+    for _ in range(2):
+        await service.should_rate_limit(request("f", user))
+    # per-user (2/minute) is over, the path limit is not: both in quota mode, so admitted
+    reply = await service.should_rate_limit(request("f", user, path))
+    assert (reply.overall_code, [s.code for s in reply.statuses]) == (OK, [OVER_LIMIT, OK])
+    assert json_format.MessageToDict(reply.dynamic_metadata)["quotaModeViolations"] == [0.0]
+    over = await service.should_rate_limit(request("f", user, path))
+    assert (over.overall_code, [s.code for s in over.statuses]) == (OVER_LIMIT, [OVER_LIMIT, OVER_LIMIT])
+    # overrides are limits too
+    d = descriptor(("user", "o"))
+    d.limit.requests_per_unit, d.limit.unit = 1, ratelimit_unit_pb2.HOUR
+    await service.should_rate_limit(request("f", d))
+    assert (await service.should_rate_limit(request("f", d, path))).overall_code == OVER_LIMIT  # path still over
+    shadow = descriptor(("shadow", "g"))
+    codes = [(await service.should_rate_limit(request("f", shadow))).statuses[0].code for _ in range(2)]
+    assert codes == [OK, OK]  # over from the second, but a shadow answers OK

@@ -56,6 +56,7 @@ def build(settings: Settings, *, clock: Callable[[], int] | None = None, heap: H
     limiter = Limiter(lambda: holder.current, backend, LimiterOptions(
         key_prefix=settings.cache_key_prefix, default_algorithm=settings.default_algorithm,
         stop_when_over=settings.stop_cache_key_increment_when_overlimit, shadow_mode=settings.shadow_mode,
+        quota_mode=settings.quota_mode,
         failure_mode=settings.failure_mode, local_replicas=settings.local_limit_replicas,
         domain_slot=settings.redis_hash_tag == "domain",
     ), clock=clock)

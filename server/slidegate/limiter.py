@@ -51,7 +51,8 @@ class Descriptor:
 class Status:
     """The answer for one descriptor. ``limit`` is None when no limit applies. ``over``: the limit had no
     room for the hits (even when that does not reject the request); ``shadow``: being over does not reject
-    the request (the rule's shadow_mode or quota_mode); ``rule``: the matched config rule, if any.
+    the request (the rule's shadow_mode); ``quota``: quota mode (the rule's quota_mode, or QUOTA_MODE), being
+    over rejects the request only when all its quota limits are over; ``rule``: the matched config rule, if any.
     ``remaining`` is hits left (uint32 max for unlimited); ``reset_us`` microseconds until reset."""
 
     limit: RateLimit | None
@@ -60,6 +61,7 @@ class Status:
     reset_us: int = 0
     shadow: bool = False
     rule: DescriptorNode | None = None
+    quota: bool = False
     hits: int = 0
     degraded: FailureMode | None = None  # the failure mode that decided, when the storage did not
     late: bool = False  # degraded because the caller's deadline was running out, not because the storage failed
@@ -92,6 +94,7 @@ class LimiterOptions:
     come with the request (overrides); ``stop_when_over``: fixed windows do not count hits of over-limit
     requests (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT); ``shadow_mode``: no limit rejects anything, every
     limit is still evaluated and counted (SHADOW_MODE; the service reports the overall code as OK);
+    ``quota_mode``: every limit but a shadow rule's is in quota mode (QUOTA_MODE, see Status);
     ``failure_mode`` (FAILURE_MODE, a domain's ``failure_mode`` wins) when the storage cannot decide:
     ``error`` raises BackendUnavailable (gRPC UNAVAILABLE: Envoy's failure_mode_deny decides), ``allow``
     answers OK, ``deny`` answers OVER_LIMIT, ``local`` decides in this process's memory with every limit
@@ -102,6 +105,7 @@ class LimiterOptions:
     default_algorithm: Algorithm = Algorithm.SLIDING_WINDOW_LOG
     stop_when_over: bool = False
     shadow_mode: bool = False
+    quota_mode: bool = False
     failure_mode: FailureMode = FailureMode.ERROR
     local_replicas: int = 1
     domain_slot: bool = False
@@ -142,18 +146,19 @@ class Limiter:
                                       f"{MAX_WINDOW_SECONDS} s allowed")
             # an override is its own limit: it does not share a counter with the configured one
             identity = f"{limit.algorithm.value}/{override.requests_per_unit}/{limit.window_seconds}"
-            return Status(limit), limit_key(self._options.key_prefix, identity, domain, descriptor.entries,
-                                            domain_slot=self._options.domain_slot)
+            return Status(limit, quota=self._options.quota_mode), limit_key(
+                self._options.key_prefix, identity, domain, descriptor.entries, domain_slot=self._options.domain_slot)
         match = domain_config.match(descriptor.entries)
         if match is None or match.rule.rate_limit is None:
             return NO_LIMIT, None
         rule, limit = match.rule, match.rule.rate_limit
         if limit.unlimited:
             return Status(None, remaining=UNLIMITED_REMAINING, rule=rule), None
-        shadow = rule.shadow_mode or rule.quota_mode
+        # a shadow rule stays a shadow under QUOTA_MODE: it was never meant to reject anything
+        quota = (rule.quota_mode or self._options.quota_mode) and not rule.shadow_mode
         key = limit_key(self._options.key_prefix, limit.algorithm.value, domain, match.key_entries,
                         domain_slot=self._options.domain_slot)
-        return Status(limit, shadow=shadow, rule=rule), key
+        return Status(limit, shadow=rule.shadow_mode, rule=rule, quota=quota), key
 
     def prepare(self, domain: str, descriptors: Sequence[Descriptor], hits_addend: int = 0) -> Plan:
         """Match ``descriptors`` against the current config: the Plan that ``decide`` carries out.
@@ -184,7 +189,7 @@ class Limiter:
             checks.append(Check(
                 key, limit.requests_per_unit, limit.window_seconds * 1_000_000, hits, limit.algorithm,
                 burst=limit.burst, stop_when_over=self._options.stop_when_over,
-                shadow=status.shadow or self._options.shadow_mode,
+                shadow=status.shadow or self._options.shadow_mode, quota=status.quota and not self._options.shadow_mode,
             ))
             counted.append(index)
         return Plan(config, domain, tuple(statuses), tuple(checks), tuple(counted))
@@ -226,8 +231,9 @@ class Limiter:
             decision = await self._degraded(mode, plan.checks, now)
         for index, outcome in zip(plan.counted, decision.outcomes, strict=True):
             s = statuses[index]
-            statuses[index] = Status(s.limit, outcome.over, outcome.remaining, outcome.reset_us, s.shadow, s.rule,
-                                     s.hits, degraded, late, decision.cached)
+            statuses[index] = dataclasses.replace(s, over=outcome.over, remaining=outcome.remaining,
+                                                  reset_us=outcome.reset_us, degraded=degraded, late=late,
+                                                  cached=decision.cached)
         return statuses
 
     async def should_rate_limit(

@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate._proto.slidegate.wire.v1 import lenient_pb2
-from slidegate.backends.base import BackendUnavailable, DeadlineExceeded
+from slidegate.backends.base import BackendUnavailable, DeadlineExceeded, admits
 from slidegate.headers import ResponseHeaders, Shown, envoy_headers
 from slidegate.heap import Heap
 from slidegate.limiter import Descriptor, InvalidOverride, Limiter, Override, Plan, Status
@@ -132,14 +132,14 @@ def build_response(
     options: AnswerOptions = AnswerOptions(),
     shadow_mode: bool = False,
 ) -> rls_pb2.RateLimitResponse:
-    """The RateLimitResponse for ``statuses`` (one per request descriptor, in order). ``shadow_mode``
-    (SHADOW_MODE, the limiter's): the overall code is always OK, each descriptor keeps its code."""
-    response = rls_pb2.RateLimitResponse(overall_code=OK)
+    """The RateLimitResponse for ``statuses`` (one per request descriptor, in order). A descriptor over its
+    limit is OVER_LIMIT unless its rule is in shadow mode (quota mode keeps it); the overall code is OVER_LIMIT
+    when the request was rejected (backends.base.admits), except in ``shadow_mode`` (SHADOW_MODE, the
+    limiter's): then it is always OK, each descriptor keeps its code."""
+    rejected = not shadow_mode and not admits(statuses, [s.over for s in statuses])
+    response = rls_pb2.RateLimitResponse(overall_code=OVER_LIMIT if rejected else OK)
     for status in statuses:
-        blocking = status.over and not status.shadow
-        out = response.statuses.add(code=OVER_LIMIT if blocking else OK)
-        if blocking and not shadow_mode:
-            response.overall_code = OVER_LIMIT
+        out = response.statuses.add(code=OVER_LIMIT if status.over and not status.shadow else OK)
         out.limit_remaining = status.remaining
         limit = status.limit
         if limit is None or limit.unit is None:
@@ -161,7 +161,6 @@ def build_response(
     if options.dynamic_metadata:
         response.dynamic_metadata.CopyFrom(_metadata(domain, descriptors, statuses))
     if options.headers is not ResponseHeaders.NONE:
-        rejected = response.overall_code == OVER_LIMIT
         shown = [Shown(s.limit.name, tuple(key for key, _ in d.entries), s.limit.requests_per_unit,
                        s.limit.window_seconds, s.remaining, s.reset_us, s.over, rejected and s.over and not s.shadow)
                  for d, s in zip(descriptors, statuses, strict=True)
@@ -182,7 +181,7 @@ def _metadata(domain: str, descriptors: list[Descriptor], statuses: list[Status]
             item["metadata"] = status.rule.metadata
         items.append(item)
     out["descriptors"] = items
-    quota = [i for i, s in enumerate(statuses) if s.rule is not None and s.rule.quota_mode]
+    quota = [i for i, s in enumerate(statuses) if s.quota]
     out["quotaModeEnabled"] = bool(quota)
     out["quotaModeViolations"] = [i for i in quota if statuses[i].over]
     return out

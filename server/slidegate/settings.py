@@ -231,6 +231,9 @@ SPECS: tuple[Spec, ...] = (
          "let several files add descriptors to one domain"),
     Spec("shadow_mode", "SHADOW_MODE", "--shadow-mode", "false", _bool,
          "evaluate and count every limit but answer OK overall (descriptors keep their codes)"),
+    Spec("quota_mode", "QUOTA_MODE", "--quota-mode", "false", _bool,
+         "every limit in quota mode (but a shadow_mode rule's): a request is rejected only when all its quota "
+         "limits are over, or a limit not in quota mode is"),
     Spec("stop_cache_key_increment_when_overlimit", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
          "--stop-cache-key-increment-when-overlimit", "false", _bool,
          "fixed_window: do not count hits of requests that are over limit"),
@@ -296,6 +299,7 @@ class Settings:
     default_algorithm: Algorithm
     merge_domain_config: bool
     shadow_mode: bool
+    quota_mode: bool
     stop_cache_key_increment_when_overlimit: bool
     response_dynamic_metadata: bool
     near_limit_ratio: float

@@ -28,7 +28,8 @@ class Check:
     (0 = check only; negative = give hits back, Envoy's ``is_negative_hits``); ``burst``: token-bucket
     capacity (None = ``limit``); ``stop_when_over``: fixed window only — do not count hits of a request that
     is over limit (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT); ``shadow``: being over does not reject the
-    request (shadow or quota mode).
+    request (shadow mode); ``quota``: quota mode, a shadow limit except that a request whose every quota limit
+    is over is rejected (see ``admits``).
     """
 
     key: str
@@ -39,6 +40,7 @@ class Check:
     burst: int | None = None
     stop_when_over: bool = False
     shadow: bool = False
+    quota: bool = False
 
     def params(self) -> tuple[int, int, int]:
         """The algorithm's three parameters, as lua/<algorithm>.lua and the memory backend take them."""
@@ -62,6 +64,26 @@ class Check:
     def counts_denied(self) -> bool:
         """Whether this limit counts the hits of a rejected request (envoyproxy/ratelimit's fixed window)."""
         return RULES[self.algorithm].counts_denied(self.stop_when_over)
+
+
+class Mode(Protocol):
+    """How a limit's being over counts (a Check, or the limiter's Status of one)."""
+
+    @property
+    def shadow(self) -> bool: ...
+
+    @property
+    def quota(self) -> bool: ...
+
+
+def admits(checks: Sequence[Mode], over: Sequence[bool]) -> bool:
+    """The admission rule (lua/decide.lua has its twin): a request is admitted unless a limit that is neither
+    shadow nor quota is over, or it has quota limits and every one of them is over (envoyproxy/ratelimit's
+    quota mode: src/service/ratelimit.go)."""
+    quota_over = [o for c, o in zip(checks, over, strict=True) if c.quota]
+    if quota_over and all(quota_over):
+        return False
+    return not any(o and not c.shadow and not c.quota for c, o in zip(checks, over, strict=True))
 
 
 @dataclass(frozen=True, slots=True)

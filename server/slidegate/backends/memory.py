@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from slidegate.algorithms import RULES, Answer, State, Store
-from slidegate.backends.base import Check, Decision, Outcome
+from slidegate.backends.base import Check, Decision, Outcome, admits
 
 
 class MemoryBackend:
@@ -43,7 +43,7 @@ class MemoryBackend:
             answer = state.evaluate(check.clamped_hits(), now)
             before.setdefault(check.key, (answer[1], answer[2]))
             answers.append((state, answer))
-        admitted = not any(answer[0] and not check.shadow for check, (_, answer) in zip(checks, answers, strict=True))
+        admitted = admits(checks, [answer[0] for _, answer in answers])
         for state in states.values():
             if admitted or state.counts_denied:
                 state.save(self._store, now)

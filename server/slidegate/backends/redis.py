@@ -56,7 +56,7 @@ from redis.exceptions import (
 )
 
 from slidegate.algorithms import Algorithm
-from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded, Decision, Outcome
+from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded, Decision, Outcome, admits
 from slidegate.backends.batching import Batcher
 from slidegate.backends.breaker import Breaker
 from slidegate.backends.deadlines import LoopWatch
@@ -231,11 +231,14 @@ class RedisBackend:
         if len(giving) == len(checks):  # nothing can reject
             return await self._decide_in_slots(checks, clock)
         # a check-only shadow stands in for each give-back: the limit as it stands, never a rejection
-        first = [dataclasses.replace(c, hits=0, shadow=True) if c.hits < 0 else c for c in checks]
+        first = [dataclasses.replace(c, hits=0, shadow=True, quota=False) if c.hits < 0 else c for c in checks]
+        # quota limits may span slots: each slot evaluates them as shadows, and _settle applies the quota rule
+        # to them all
+        sent = [dataclasses.replace(c, shadow=True, quota=False) if c.quota else c for c in first]
         # shielded from the caller's deadline, so that what they did is settled; bounded by it all the same (a slot
         # call not sent by then is not sent at all, and counts as failed)
         until = scope.when()
-        slots = asyncio.gather(*(self._decide_undoable([first[i] for i in g], clock, until) for g in groups),
+        slots = asyncio.gather(*(self._decide_undoable([sent[i] for i in g], clock, until) for g in groups),
                                return_exceptions=True)
         try:
             parts = await asyncio.shield(slots)
@@ -602,8 +605,8 @@ class RedisBackend:
 
 
 def _limit_args(c: Check) -> tuple[str | int, ...]:
-    """A limit's arguments of lua/decide.lua: algorithm, its three parameters, hits, shadow."""
-    return (c.algorithm.value, *c.params(), c.clamped_hits(), int(c.shadow))
+    """A limit's arguments of lua/decide.lua: algorithm, its three parameters, hits, mode."""
+    return (c.algorithm.value, *c.params(), c.clamped_hits(), 2 if c.quota else int(c.shadow))
 
 
 def _settle(checks: Sequence[Check], first: Sequence[Check], groups: list[list[int]],
@@ -611,7 +614,12 @@ def _settle(checks: Sequence[Check], first: Sequence[Check], groups: list[list[i
     """What the slots' answers (``parts``, one per group of ``first``: ``checks`` with each give-back a check)
     make of a request: whether it is admitted, an Outcome per check, and what to undo (the receipts of the slots
     that admitted, when the request is not admitted)."""
-    admitted = all(isinstance(p, _Part) and p.decision.admitted for p in parts)
+    over = [False] * len(first)
+    for group, part in zip(groups, parts, strict=True):
+        if isinstance(part, _Part):
+            for i, outcome in zip(group, part.decision.outcomes, strict=True):
+                over[i] = outcome.over
+    admitted = all(isinstance(p, _Part) and p.decision.admitted for p in parts) and admits(first, over)
     outcomes: list[Outcome] = [Outcome(False, 0, 0)] * len(checks)
     undo: list[tuple[Check, Receipt]] = []
     for group, part in zip(groups, parts, strict=True):

@@ -94,7 +94,9 @@ class DescriptorNode:
 
     ``pattern`` is set for a wildcard value; ``share_threshold`` makes every value matching it share one
     counter. ``shadow_mode``: evaluated and counted, but never makes the request over limit.
-    ``quota_mode``: like shadow mode, and an over-limit result is reported in the dynamic metadata.
+    ``quota_mode``: over its limit, the descriptor is OVER_LIMIT but rejects the request only when every
+    quota-mode descriptor of the request is over (slidegate.backends.base.admits); reported in the dynamic
+    metadata.
     ``detailed_metric``/``value_to_metric`` shape metric names; ``metadata`` is returned in the dynamic
     metadata when enabled.
     """
