@@ -3,11 +3,13 @@ made by hand: what a fractional wait becomes, and which descriptor decides."""
 
 from __future__ import annotations
 
+import pytest
+
 from slidegate.config.model import RateLimit
 from slidegate.headers import ResponseHeaders
 from slidegate.limiter import Descriptor, Status
 from slidegate.service import AnswerOptions, build_response
-from slidegate.settings import Settings
+from slidegate.settings import Settings, SettingsError
 from slidegate.units import Unit
 from tests.helpers import OK, OVER_LIMIT
 
@@ -77,3 +79,29 @@ def test_the_settings_choose_which_headers() -> None:
                                  ("true", "false", ResponseHeaders.RATELIMIT), ("true", "true", ResponseHeaders.IETF)]:
         settings = Settings.load({"LIMIT_RESPONSE_HEADERS_ENABLED": enabled, "LIMIT_RESPONSE_HEADERS_IETF": ietf})
         assert settings.response_headers is which
+
+
+def test_the_default_headers_are_envoyproxy_ratelimits() -> None:
+    """envoyproxy/ratelimit (src/service/ratelimit.go, src/settings/settings.go): with
+    LIMIT_RESPONSE_HEADERS_ENABLED, the descriptor closest to its limit (the least remaining, the first of
+    equals) as RateLimit-Limit (the bare number), RateLimit-Remaining and RateLimit-Reset, and nothing more."""
+    plain = AnswerOptions(headers=ResponseHeaders.RATELIMIT)
+    statuses = [Status(HOUR, remaining=3, reset_us=1_500_000), Status(MINUTE, over=True, remaining=0, reset_us=9),
+                Status(MINUTE, remaining=0, reset_us=7_000_000)]
+    assert headers(statuses, plain) == {"RateLimit-Limit": "10", "RateLimit-Remaining": "0", "RateLimit-Reset": "1"}
+    assert headers(statuses[:1], plain) == {"RateLimit-Limit": "100", "RateLimit-Remaining": "3",
+                                            "RateLimit-Reset": "2"}
+    # equals: the first, over or not
+    assert headers(statuses[2:] + statuses[1:2], plain)["RateLimit-Reset"] == "7"
+    assert headers([Status(None, remaining=2**32 - 1)], plain) == {}  # unlimited: no limit to tell
+
+
+def test_the_header_names_are_settings() -> None:
+    settings = Settings.load({"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_LIMIT_HEADER": "X-Limit",
+                              "LIMIT_REMAINING_HEADER": "X-Left", "LIMIT_RESET_HEADER": "X-Reset"})
+    options = AnswerOptions(headers=settings.response_headers, header_names=settings.header_names)
+    assert headers([Status(MINUTE, remaining=4, reset_us=2)], options) == {
+        "X-Limit": "10", "X-Left": "4", "X-Reset": "1"}
+    for bad in ("", "Rate Limit", "X-Limit:", "ä"):
+        with pytest.raises(SettingsError, match=r"LIMIT_LIMIT_HEADER .* is not an HTTP header name"):
+            Settings.load({"LIMIT_LIMIT_HEADER": bad})

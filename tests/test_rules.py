@@ -118,7 +118,11 @@ async def test_quota_mode_and_dynamic_metadata(limits: Limits) -> None:
         "quotaModeEnabled": True,
         "quotaModeViolations": [0.0],
     }
-    assert json_format.MessageToDict(replies[0].dynamic_metadata)["quotaModeViolations"] == []
+    # as envoyproxy/ratelimit's (src/service/ratelimit_test.go, TestRatelimitToMetadata): no violations, no field
+    assert "quotaModeViolations" not in json_format.MessageToDict(replies[0].dynamic_metadata)
+    addend = await service.should_rate_limit(request("f", descriptor(("user", "m")), hits_addend=2))
+    assert json_format.MessageToDict(addend.dynamic_metadata) == {
+        "domain": "f", "descriptors": [{"entries": ["user=m"]}], "hitsAddend": 2.0, "quotaModeEnabled": False}
     plain = await limits(CONFIG)
     reply = await plain.should_rate_limit(request("f", descriptor(("quota", "q"))))
     assert not reply.HasField("dynamic_metadata")

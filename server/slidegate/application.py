@@ -62,6 +62,7 @@ def build(settings: Settings, *, clock: Callable[[], int] | None = None, heap: H
     ), clock=clock)
     service = RateLimitService(limiter, AnswerOptions(
         dynamic_metadata=settings.response_dynamic_metadata, headers=settings.response_headers,
+        header_names=settings.header_names,
     ), metrics, heap)
     return Application(settings, load, holder, metrics, backend, limiter, service)
 

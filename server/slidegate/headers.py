@@ -1,12 +1,15 @@
 """Rate-limit response headers, written once for the service's answer to Envoy and for the client's middleware.
 
-Both describe the limited descriptor with the least remaining (an over-limit one wins; ties go to the first)
-and add ``Retry-After`` to a rejection. The service sends envoyproxy/ratelimit's ``RateLimit-Limit``,
-``RateLimit-Remaining`` and ``RateLimit-Reset`` (LIMIT_RESPONSE_HEADERS_ENABLED), with
-LIMIT_RESPONSE_HEADERS_IETF also the structured fields of the IETF draft (draft-ietf-httpapi-ratelimit-headers):
-``RateLimit-Policy`` listing every limit and ``RateLimit`` for the chosen one. The middleware sends
-``X-RateLimit-*`` and the IETF fields. Seconds are rounded up, so a client told to wait never retries before it
-may. This module depends on nothing of slidegate's: callers hand it ``Shown`` values.
+Both describe the limited descriptor closest to its limit: the least remaining, the first of equals, as
+envoyproxy/ratelimit chooses (src/service/ratelimit.go). The service sends exactly envoyproxy/ratelimit's
+three headers (LIMIT_RESPONSE_HEADERS_ENABLED): ``RateLimit-Limit`` (the bare number), ``RateLimit-Remaining``
+and ``RateLimit-Reset``, named by LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER. With
+LIMIT_RESPONSE_HEADERS_IETF, the limit is told in the draft's quota-policy form (``10, 10;w=60, 100;w=3600``)
+and the structured fields of the IETF draft (draft-ietf-httpapi-ratelimit-headers) come too:
+``RateLimit-Policy`` listing every limit and ``RateLimit`` for the chosen one, and ``Retry-After`` on a
+rejection. The middleware sends ``X-RateLimit-*``, the IETF fields and ``Retry-After``. Seconds are rounded up,
+so a client told to wait never retries before it may. This module depends on nothing of slidegate's: callers
+hand it ``Shown`` values.
 """
 
 from __future__ import annotations
@@ -25,6 +28,15 @@ class ResponseHeaders(enum.Enum):
     NONE = "none"
     RATELIMIT = "ratelimit"
     IETF = "ietf"
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderNames:
+    """The names of the three headers (LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER)."""
+
+    limit: str = "RateLimit-Limit"
+    remaining: str = "RateLimit-Remaining"
+    reset: str = "RateLimit-Reset"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +70,8 @@ def policy_name(name: str, keys: Sequence[str] = ()) -> str:
 
 
 def chosen(shown: Sequence[Shown]) -> Shown:
-    """The descriptor the headers describe: over its limit first, then the least remaining, then the first."""
-    return min(shown, key=lambda s: (not s.over, s.remaining))
+    """The descriptor the headers describe: the least remaining, the first of equals."""
+    return min(shown, key=lambda s: s.remaining)
 
 
 def retry_after(shown: Sequence[Shown]) -> int | None:
@@ -74,21 +86,25 @@ def _ietf(shown: Sequence[Shown], current: Shown) -> list[tuple[str, str]]:
     return [("RateLimit-Policy", policies), ("RateLimit", now)]
 
 
-def envoy_headers(shown: Sequence[Shown], *, ietf: bool) -> list[tuple[str, str]]:
+def envoy_headers(shown: Sequence[Shown], *, ietf: bool, names: HeaderNames = HeaderNames()) -> list[tuple[str, str]]:
     """The headers the service adds to its answer (empty when no descriptor has a limit)."""
     if not shown:
         return []
     current = chosen(shown)
-    windows = ", ".join(f"{s.limit};w={s.window_seconds}" for s in shown)
+    limit = str(current.limit)
+    if ietf:
+        limit += ", " + ", ".join(f"{s.limit};w={s.window_seconds}" for s in shown)
     headers = [
-        ("RateLimit-Limit", f"{current.limit}, {windows}"),
-        ("RateLimit-Remaining", str(current.remaining)),
-        ("RateLimit-Reset", str(seconds(current.reset_us))),
+        (names.limit, limit),
+        (names.remaining, str(current.remaining)),
+        (names.reset, str(seconds(current.reset_us))),
     ]
+    if not ietf:
+        return headers
     wait = retry_after(shown)
     if wait is not None:
         headers.append(("Retry-After", str(wait)))
-    return headers + _ietf(shown, current) if ietf else headers
+    return headers + _ietf(shown, current)
 
 
 def middleware_headers(shown: Sequence[Shown]) -> list[tuple[str, str]]:

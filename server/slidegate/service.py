@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import grpc
@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate._proto.slidegate.wire.v1 import lenient_pb2
 from slidegate.backends.base import BackendUnavailable, DeadlineExceeded, admits
-from slidegate.headers import ResponseHeaders, Shown, envoy_headers
+from slidegate.headers import HeaderNames, ResponseHeaders, Shown, envoy_headers
 from slidegate.heap import Heap
 from slidegate.limiter import Descriptor, InvalidOverride, Limiter, Override, Plan, Status
 from slidegate.metrics import LimitCounters, Metrics
@@ -119,10 +119,12 @@ def parse_request(request: Request) -> tuple[str, list[Descriptor]]:
 class AnswerOptions:
     """``dynamic_metadata``: describe the request and the matched rules' ``metadata`` in the response's
     ``dynamic_metadata`` (RESPONSE_DYNAMIC_METADATA); ``headers``: which rate-limit response headers to add
-    (LIMIT_RESPONSE_HEADERS_ENABLED / LIMIT_RESPONSE_HEADERS_IETF, see slidegate.headers)."""
+    (LIMIT_RESPONSE_HEADERS_ENABLED / LIMIT_RESPONSE_HEADERS_IETF, see slidegate.headers) and
+    ``header_names``: their names (LIMIT_LIMIT_HEADER …)."""
 
     dynamic_metadata: bool = False
     headers: ResponseHeaders = ResponseHeaders.NONE
+    header_names: HeaderNames = field(default_factory=HeaderNames)
 
 
 def build_response(
@@ -131,6 +133,7 @@ def build_response(
     statuses: list[Status],
     options: AnswerOptions = AnswerOptions(),
     shadow_mode: bool = False,
+    hits_addend: int = 0,
 ) -> rls_pb2.RateLimitResponse:
     """The RateLimitResponse for ``statuses`` (one per request descriptor, in order). A descriptor over its
     limit is OVER_LIMIT unless its rule is in shadow mode (quota mode keeps it); the overall code is OVER_LIMIT
@@ -159,19 +162,23 @@ def build_response(
             out.duration_until_reset.seconds = seconds
             out.duration_until_reset.nanos = micros * 1000
     if options.dynamic_metadata:
-        response.dynamic_metadata.CopyFrom(_metadata(domain, descriptors, statuses))
+        response.dynamic_metadata.CopyFrom(_metadata(domain, descriptors, statuses, hits_addend))
     if options.headers is not ResponseHeaders.NONE:
         shown = [Shown(s.limit.name, tuple(key for key, _ in d.entries), s.limit.requests_per_unit,
                        s.limit.window_seconds, s.remaining, s.reset_us, s.over, rejected and s.over and not s.shadow)
                  for d, s in zip(descriptors, statuses, strict=True)
                  if s.limit is not None and s.limit.unit is not None]
-        for key, value in envoy_headers(shown, ietf=options.headers is ResponseHeaders.IETF):
+        for key, value in envoy_headers(shown, ietf=options.headers is ResponseHeaders.IETF,
+                                        names=options.header_names):
             response.response_headers_to_add.add(key=key, value=value)
     return response
 
 
-def _metadata(domain: str, descriptors: list[Descriptor], statuses: list[Status]) -> struct_pb2.Struct:
-    """{domain, descriptors: [{entries: ["k=v"], metadata?}], quotaModeEnabled, quotaModeViolations: [i]}."""
+def _metadata(domain: str, descriptors: list[Descriptor], statuses: list[Status],
+              hits_addend: int) -> struct_pb2.Struct:
+    """{domain, descriptors: [{entries: ["k=v"], metadata?}], hitsAddend?, quotaModeEnabled, quotaModeViolations?},
+    as envoyproxy/ratelimit's ratelimitToMetadata (src/service/ratelimit.go): the optional fields only when
+    not zero or empty."""
     out = struct_pb2.Struct()
     out["domain"] = printable(domain)
     items: list[Any] = []
@@ -182,8 +189,12 @@ def _metadata(domain: str, descriptors: list[Descriptor], statuses: list[Status]
         items.append(item)
     out["descriptors"] = items
     quota = [i for i, s in enumerate(statuses) if s.quota]
+    if hits_addend:
+        out["hitsAddend"] = hits_addend
     out["quotaModeEnabled"] = bool(quota)
-    out["quotaModeViolations"] = [i for i in quota if statuses[i].over]
+    violations = [i for i in quota if statuses[i].over]
+    if violations:
+        out["quotaModeViolations"] = violations
     return out
 
 
@@ -195,6 +206,7 @@ class Prepared:
     descriptors: list[Descriptor]
     plan: Plan
     counted: tuple[tuple[int, LimitCounters, int], ...]
+    hits_addend: int = 0
 
 
 class RateLimitService:
@@ -281,7 +293,7 @@ class RateLimitService:
                 value = descriptor.entries[-1][1] if descriptor.entries else ""
                 key = self.metrics.key(domain, rule.metric_key, value, rule.detailed_metric or rule.value_to_metric)
             counted.append((index, self.metrics.counters(domain, key), status.limit.requests_per_unit))
-        return Prepared(descriptors, plan, tuple(counted))
+        return Prepared(descriptors, plan, tuple(counted), hits_addend)
 
     async def decide(
         self, domain: str, descriptors: list[Descriptor], hits_addend: int, timeout: float | None = None
@@ -315,7 +327,8 @@ class RateLimitService:
             self._outage.answered()
         domain = prepared.plan.domain
         shadow_mode = self._limiter.shadow_mode
-        response = build_response(domain, prepared.descriptors, statuses, self._options, shadow_mode)
+        response = build_response(domain, prepared.descriptors, statuses, self._options, shadow_mode,
+                                  prepared.hits_addend)
         for index, counters, limit in prepared.counted:
             status = statuses[index]
             counters.record(hits=status.hits, limit=limit, over=status.over, shadow=status.shadow or shadow_mode,

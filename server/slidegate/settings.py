@@ -17,7 +17,7 @@ from typing import Any
 from slidegate.algorithms import Algorithm
 from slidegate.backends.redis_connect import check_url
 from slidegate.failure_modes import FailureMode
-from slidegate.headers import ResponseHeaders
+from slidegate.headers import HeaderNames, ResponseHeaders
 
 DEFAULT_MAX_RECV_MSG_SIZE = 4 * 1024 * 1024  # bytes: gRPC's own default, as envoyproxy/ratelimit's
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|h)?\s*$")
@@ -116,6 +116,16 @@ def _choice(*allowed: str) -> Callable[[str], str]:
         return lowered
 
     return parse
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP field name (RFC 9110 token)
+
+
+def _header_name(text: str) -> str:
+    name = text.strip()
+    if not _TOKEN.fullmatch(name):
+        raise ValueError(f"{text!r} is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~)")
+    return name
 
 
 # envoyproxy/ratelimit's levels (logrus) map onto Python's: LOG_LEVEL=warn carries over
@@ -242,9 +252,17 @@ SPECS: tuple[Spec, ...] = (
     Spec("near_limit_ratio", "NEAR_LIMIT_RATIO", "--near-limit-ratio", "0.8", _ratio,
          "a hit past this share of a limit counts as near_limit in the metrics"),
     Spec("limit_response_headers_enabled", "LIMIT_RESPONSE_HEADERS_ENABLED", "--limit-response-headers-enabled",
-         "false", _bool, "add RateLimit-Limit/Remaining/Reset (and Retry-After when over limit) to answers"),
+         "false", _bool, "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to answers, for the "
+         "descriptor closest to its limit"),
     Spec("limit_response_headers_ietf", "LIMIT_RESPONSE_HEADERS_IETF", "--limit-response-headers-ietf", "false",
-         _bool, "add the IETF RateLimit-Policy and RateLimit fields too"),
+         _bool, "tell the limit in the IETF draft's form (10, 10;w=60) and add its RateLimit-Policy and RateLimit "
+         "fields, and Retry-After when over limit"),
+    Spec("limit_limit_header", "LIMIT_LIMIT_HEADER", "--limit-limit-header", "RateLimit-Limit", _header_name,
+         "name of the header telling the limit"),
+    Spec("limit_remaining_header", "LIMIT_REMAINING_HEADER", "--limit-remaining-header", "RateLimit-Remaining",
+         _header_name, "name of the header telling the hits remaining"),
+    Spec("limit_reset_header", "LIMIT_RESET_HEADER", "--limit-reset-header", "RateLimit-Reset", _header_name,
+         "name of the header telling the seconds until reset"),
     Spec("use_prometheus", "USE_PROMETHEUS", "--use-prometheus", "true", _bool, "serve metrics on /metrics"),
     Spec("drain_timeout", "DRAIN_TIMEOUT", "--drain-timeout", "10s", _drain,
          "after SIGTERM, how long in-flight calls may take"),
@@ -305,6 +323,9 @@ class Settings:
     near_limit_ratio: float
     limit_response_headers_enabled: bool
     limit_response_headers_ietf: bool
+    limit_limit_header: str
+    limit_remaining_header: str
+    limit_reset_header: str
     use_prometheus: bool
     drain_timeout: float
     workers: int
@@ -316,6 +337,11 @@ class Settings:
         if not self.limit_response_headers_enabled:
             return ResponseHeaders.NONE
         return ResponseHeaders.IETF if self.limit_response_headers_ietf else ResponseHeaders.RATELIMIT
+
+    @property
+    def header_names(self) -> HeaderNames:
+        """The names LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER give the headers."""
+        return HeaderNames(self.limit_limit_header, self.limit_remaining_header, self.limit_reset_header)
 
     @classmethod
     def load(cls, environ: Mapping[str, str], flags: Mapping[str, str | None] | None = None) -> Settings:
