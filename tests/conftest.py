@@ -18,8 +18,10 @@ import redis
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from slidegate._proto.slidegate.wire.v1 import lenient_pb2
+from slidegate.algorithms import Algorithm
 from slidegate.application import Application, build
 from slidegate.backends.base import Backend, BackendUnavailable, Check, Decision
+from slidegate.resources import lua_script
 from slidegate.server import start_server
 from slidegate.service import parse_request
 from slidegate.settings import Settings
@@ -65,6 +67,28 @@ def redis_url() -> Iterator[str]:
 def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def keep_alive(redis_url: str) -> Iterator[str]:
+    """The name of a Redis function (loaded for the session, deleted after it) that runs lua/decide.lua and then
+    makes every key it was given live at least ten minutes more: tests that inject a clock far from real time
+    must not see a key expire on real time first (a bucket 2 ms from full has a TTL of 2 ms)."""
+    library = f"sgtest_{uuid.uuid4().hex}"
+    source = "\n".join([
+        f"#!lua name={library}",
+        "local function decide(KEYS, ARGV)", lua_script([a.value for a in Algorithm]), "end",
+        f"redis.register_function('{library}', function(keys, args)",
+        "  local reply = decide(keys, args)",
+        "  for _, key in ipairs(keys) do redis.call('PEXPIRE', key, 600000, 'GT') end",
+        "  return reply",
+        "end)",
+    ])
+    client = redis.Redis.from_url(redis_url)
+    client.execute_command("FUNCTION", "LOAD", source)
+    yield library
+    client.execute_command("FUNCTION", "DELETE", library)
     client.close()
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -25,7 +24,6 @@ from slidegate.backends.base import Backend, Check
 from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.memory import MemoryBackend
 from slidegate.backends.redis import RedisBackend
-from slidegate.resources import lua_script
 from tests.models import Check as ModelCheck
 from tests.models import Model
 
@@ -133,27 +131,6 @@ class KeptAlive(RedisBackend):
 
     async def _eval(self, keys: list[str], args: list[str | int], until: float | None = None) -> list[int]:
         return await self._execute(keys, until, "FCALL", self._function, len(keys), *keys, *args)
-
-
-@pytest.fixture(scope="module")
-def keep_alive(redis_url: str) -> Iterator[str]:
-    """The name of a Redis function (loaded for this module, deleted after it) that runs lua/decide.lua and then
-    makes every key it was given live at least ten minutes more."""
-    library = f"sgtest_{uuid.uuid4().hex}"
-    source = "\n".join([
-        f"#!lua name={library}",
-        "local function decide(KEYS, ARGV)", lua_script([a.value for a in Algorithm]), "end",
-        f"redis.register_function('{library}', function(keys, args)",
-        "  local reply = decide(keys, args)",
-        "  for _, key in ipairs(keys) do redis.call('PEXPIRE', key, 600000, 'GT') end",
-        "  return reply",
-        "end)",
-    ])
-    client = redis.Redis.from_url(redis_url)
-    client.execute_command("FUNCTION", "LOAD", source)
-    yield library
-    client.execute_command("FUNCTION", "DELETE", library)
-    client.close()
 
 
 def run_trace(redis_url: str, keep_alive: str, backend_name: str, algorithm: Algorithm, limits: list[Limit],

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from slidegate.algorithms import Algorithm
 from slidegate.backends.base import Check
-from slidegate.resources import lua_script
 
 S = 1_000_000
 T0 = 1_700_000_000 * S  # a window boundary for windows of 10 s
@@ -27,11 +26,13 @@ Receipt = tuple[int, int]
 
 
 class Script:
-    """lua/decide.lua called as RedisBackend calls it, at injected times."""
+    """lua/decide.lua called as RedisBackend calls it, at injected times, through ``function`` (conftest's
+    keep_alive: the script, then every key it names kept alive, so that no key expires on real time while the
+    test's clock stands still)."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, function: str) -> None:
         self.client = client
-        self.text = lua_script([a.value for a in Algorithm])
+        self.function = function
 
     def decide(self, at: float, checks: list[Check], *, undoable: bool = True) -> tuple[bool, list[Receipt | None]]:
         """Decide ``checks`` at ``at`` seconds after T0; with ``undoable``, the receipt of each check."""
@@ -39,7 +40,7 @@ class Script:
         args += [-len(checks), HOLD] if undoable else [len(checks)]
         for c in checks:
             args += (c.algorithm.value, *c.params(), c.clamped_hits(), int(c.shadow))
-        reply = self.client.eval(self.text, len(checks), *(c.key for c in checks), *args)
+        reply = self.client.fcall(self.function, len(checks), *(c.key for c in checks), *args)
         width = 7 if undoable else 3
         receipts: list[Receipt | None] = []
         for i in range(1, 1 + width * len(checks), width):
@@ -51,19 +52,19 @@ class Script:
         for c, receipt in items:
             assert receipt is not None
             args += (c.algorithm.value, *c.params(), *receipt)
-        return list(self.client.eval(self.text, len(items), *(c.key for c, _ in items), *args))
+        return list(self.client.fcall(self.function, len(items), *(c.key for c, _ in items), *args))
 
     def remaining(self, at: float, check: Check) -> tuple[int, int]:
         """(remaining, reset) of ``check``'s limit at ``at``, counting nothing."""
-        reply = self.client.eval(self.text, 1, check.key, T0 + round(at * S), 1, 1, check.algorithm.value,
-                                 *check.params(), 0, 0)
+        reply = self.client.fcall(self.function, 1, check.key, T0 + round(at * S), 1, 1, check.algorithm.value,
+                                  *check.params(), 0, 0)
         return reply[2], reply[3]
 
 
 @pytest.fixture
-def script(redis_url: str) -> Iterator[Script]:
+def script(redis_url: str, keep_alive: str) -> Iterator[Script]:
     client = redis.Redis.from_url(redis_url)
-    yield Script(client)
+    yield Script(client, keep_alive)
     client.close()
 
 
