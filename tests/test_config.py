@@ -119,7 +119,7 @@ def errors(write_config: WriteConfig, text: str) -> list[str]:
         ('domain: ""\n', ["config.yaml:1: domain: is required and must not be empty"]),
         ("- a\n- b\n", ["config.yaml:1: must be a mapping, got a list"]),
         ("domain: d\nextra: 1\n", [
-            "config.yaml:2: extra: unknown key 'extra' (expected one of: domain, descriptors, failure_mode)"]),
+            "config.yaml:2: extra: unknown key 'extra' (expected one of: domain, descriptors, failure_mode, name)"]),
         ("domain: d\ndescriptors:\n  - value: v\n", [
             "config.yaml:3: descriptors[0].key: is required and must not be empty"]),
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", [
@@ -230,7 +230,7 @@ def test_every_error_of_every_file_is_reported(write_config: WriteConfig) -> Non
         "(expected one of: second, minute, hour, day, week, month, year)",
         "a.yaml:5: descriptors[1].key: is required and must not be empty",
         "b.yaml:1: domain: duplicate domain 'a' (also in a.yaml)",
-        "c.yaml:2: bad: unknown key 'bad' (expected one of: domain, descriptors, failure_mode)",
+        "c.yaml:2: bad: unknown key 'bad' (expected one of: domain, descriptors, failure_mode, name)",
     ]
 
 
@@ -399,3 +399,21 @@ def test_huge_files_are_refused(write_config: WriteConfig) -> None:
     directory = write_config("domain: big\n# " + "x" * (16 * 1024 * 1024) + "\n")
     with pytest.raises(ConfigError, match=r"config\.yaml: larger than 16 MiB"):
         load_directory(directory)
+
+
+def test_yaml_the_reference_accepts(write_config: WriteConfig) -> None:
+    """envoyproxy/ratelimit (src/config/config_impl.go: yaml.Unmarshal into its YamlRoot) reads a top-level
+    ``name`` and ``rate_limit: null``, and a file ending in an empty document."""
+    directory = write_config("name: mine\ndomain: r\ndescriptors:\n  - key: k\n    rate_limit: null\n"
+                             "  - key: j\n    rate_limit: {unit: second, requests_per_unit: 1}\n---\n")
+    config = load_directory(directory).domains["r"]
+    nothing, limited = config.match([("k", "v")]), config.match([("j", "v")])
+    assert nothing is not None and nothing.rule.rate_limit is None  # whitelisted, as with no rate_limit at all
+    assert limited is not None and limited.rule.rate_limit is not None
+
+
+def test_a_second_yaml_document_is_refused(write_config: WriteConfig) -> None:
+    # the reference reads the first document and drops the rest without a word; refused here with its line
+    assert errors(write_config, "domain: a\ndescriptors: []\n---\ndomain: b\ndescriptors: []\n") == [
+        "config.yaml:4: a second YAML document ('---'): one file holds one domain (envoyproxy/ratelimit reads "
+        "only the first and ignores the rest); put each in a file of its own"]

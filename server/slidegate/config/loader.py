@@ -21,7 +21,8 @@ from slidegate.failure_modes import FAILURE_MODE_NAMES, FailureMode
 from slidegate.units import UNIT_NAMES, Unit
 
 UINT32_MAX = 4294967295
-_TOP_KEYS = ("domain", "descriptors", "failure_mode")  # failure_mode: slidegate's
+# name: accepted and unused, as by envoyproxy/ratelimit (its YamlRoot has no use for it); failure_mode: slidegate's
+_TOP_KEYS = ("domain", "descriptors", "failure_mode", "name")
 _DESCRIPTOR_KEYS = (
     "key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode", "detailed_metric",
     "value_to_metric", "share_threshold", "metadata",
@@ -288,7 +289,7 @@ def _parse_descriptors(
             continue
         value = (f.string(fields["value"], f"{here}.value") if "value" in fields else None) or None
         rate_limit = None
-        if "rate_limit" in fields:
+        if "rate_limit" in fields and fields["rate_limit"].tag != _NULL:  # null: none, as the reference reads it
             rate_limit = _parse_rate_limit(f, fields["rate_limit"], f"{here}.rate_limit")
         flags = {name: bool(f.boolean(fields[name], f"{here}.{name}")) for name in _FLAGS if name in fields}
         wildcard = value is not None and "*" in value
@@ -337,7 +338,7 @@ def _parse_file(path: Path, options: LoadOptions) -> tuple[DomainConfig, int, li
         return config, 0, [ConfigIssue(str(path), 0, "", f"larger than {MAX_FILE_BYTES // 1024 // 1024} MiB")]
     try:
         text = path.read_text(encoding="utf-8")
-        root = yaml.compose(text, Loader=_YAML_LOADER)
+        documents = list(yaml.compose_all(text, Loader=_YAML_LOADER))
     except OSError as exc:
         return config, 0, [ConfigIssue(str(path), 0, "", f"cannot read file: {exc.strerror or exc}")]
     except UnicodeDecodeError as exc:
@@ -350,8 +351,16 @@ def _parse_file(path: Path, options: LoadOptions) -> tuple[DomainConfig, int, li
         return config, 0, [ConfigIssue(str(path), line, "", f"invalid YAML: {reason}")]
     except RecursionError:
         return config, 0, [ConfigIssue(str(path), 0, "", "invalid YAML: nested too deeply")]
+    root = documents[0] if documents else None
     if root is None:
         return config, 0, [ConfigIssue(str(path), 0, "domain", "is required (the file is empty)")]
+    for extra in documents[1:]:
+        # envoyproxy/ratelimit reads the first document and drops the rest without a word: limits its
+        # operator wrote and never had. Refused, so that nobody is surprised either way.
+        if extra is not None and extra.tag != _NULL:  # an empty document (a file ending in '---') says nothing
+            return config, 0, [ConfigIssue(str(path), extra.start_mark.line + 1, "", "a second YAML document "
+                                           "('---'): one file holds one domain (envoyproxy/ratelimit reads only "
+                                           "the first and ignores the rest); put each in a file of its own")]
     try:
         line = _parse_root(f, root, config)
     except _TooLarge:
