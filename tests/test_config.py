@@ -407,7 +407,7 @@ def test_yaml_the_reference_accepts(write_config: WriteConfig) -> None:
     directory = write_config("name: mine\ndomain: r\ndescriptors:\n  - key: k\n    rate_limit: null\n"
                              "  - key: j\n    rate_limit: {unit: second, requests_per_unit: 1}\n---\n")
     config = load_directory(directory).domains["r"]
-    nothing, limited = config.match([("k", "v")]), config.match([("j", "v")])
+    nothing, limited = config.match((("k", "v"),)), config.match((("j", "v"),))
     assert nothing is not None and nothing.rule.rate_limit is None  # whitelisted, as with no rate_limit at all
     assert limited is not None and limited.rule.rate_limit is not None
 

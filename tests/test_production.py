@@ -393,3 +393,17 @@ def test_sighup_reloads(write_config: Callable[..., Path], serve: Callable[..., 
     served.process.send_signal(signal.SIGHUP)
     assert wait_for(lambda: reload_count(served) == 2.0)
     assert served.process.poll() is None
+
+
+def test_healthy_only_with_a_config_loaded_when_asked(tmp_path: Path, serve: Callable[..., Served]) -> None:
+    """HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED (envoyproxy/ratelimit src/settings/settings.go): not serving while
+    no config file has loaded a domain; serving once one has (by reload), as without the setting from the start."""
+    empty = tmp_path / "config"
+    empty.mkdir()
+    plain = serve(empty)
+    assert plain.http("/healthcheck") == (200, "OK")
+    strict = serve(empty, wait=False, env={"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED": "true"})
+    assert wait_for(lambda: "no domain in" in strict.output(), timeout=10)
+    assert wait_for(lambda: strict.http("/healthcheck") == (503, "NOT SERVING"), timeout=10)
+    (empty / "config.yaml").write_text(CONFIG)
+    assert wait_for(lambda: strict.http("/healthcheck") == (200, "OK"), timeout=10)

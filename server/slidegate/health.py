@@ -1,6 +1,7 @@
 """Whether the service is serving, for the gRPC health service (``""``, ``ratelimit`` and the
-RateLimitService's full name) and ``GET /healthcheck``: only while a config is loaded, the storage answers
-(or a failure mode answers without it), and no SIGTERM has come."""
+RateLimitService's full name) and ``GET /healthcheck``: only while a config is loaded (with
+HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, one with a domain), the storage answers (or a failure mode answers
+without it), and no SIGTERM has come."""
 
 from __future__ import annotations
 
@@ -23,8 +24,10 @@ LINE_EVERY = 10.0  # seconds: the log tells the storage's state at most this oft
 class Health:
     """The serving state, published to a gRPC HealthServicer."""
 
-    def __init__(self, servicer: HealthServicer, needs_storage: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, servicer: HealthServicer, needs_storage: Callable[[], bool] = lambda: True,
+                 config_loaded: Callable[[], bool] = lambda: True) -> None:
         self._servicer = servicer
+        self._config_loaded = config_loaded
         # False while a failure mode (the deployment's or a domain's) answers without the storage: a replica
         # taken out of its load balancer could not give that answer
         self._needs_storage = needs_storage
@@ -39,7 +42,7 @@ class Health:
 
     @property
     def serving(self) -> bool:
-        return (self.storage_ok or not self._needs_storage()) and not self.draining
+        return (self.storage_ok or not self._needs_storage()) and self._config_loaded() and not self.draining
 
     async def publish(self) -> None:
         self._published = self.serving

@@ -89,7 +89,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
     server, health_servicer, port = await start_server(app.service, settings.grpc_host, settings.grpc_port, credentials,
                                                        reuse_port=reuse_port,
                                                        max_message_size=settings.grpc_max_recv_msg_size)
-    health = Health(health_servicer, needs_storage=app.needs_storage)
+    health = Health(health_servicer, needs_storage=app.needs_storage, config_loaded=(
+        (lambda: bool(holder.current.domains)) if settings.healthy_with_at_least_one_config_loaded else (lambda: True)))
     await health.publish()
     runners = []
     stop = asyncio.Event()

@@ -268,6 +268,9 @@ SPECS: tuple[Spec, ...] = (
          "after SIGTERM, how long in-flight calls may take"),
     Spec("workers", "WORKERS", "--workers", "1", _positive_int,
          "processes serving the same ports (SO_REUSEPORT), each with its own event loop; Redis backend only"),
+    Spec("healthy_with_at_least_one_config_loaded", "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+         "--healthy-with-at-least-one-config-loaded", "false", _bool,
+         "not serving (health checks) while no config file has loaded a domain"),
 )
 
 
@@ -329,6 +332,7 @@ class Settings:
     use_prometheus: bool
     drain_timeout: float
     workers: int
+    healthy_with_at_least_one_config_loaded: bool
 
     @property
     def response_headers(self) -> ResponseHeaders:
