@@ -1,4 +1,4 @@
-"""The ``slidegate`` command: ``serve``, ``check-config``, ``demo``.
+"""The ``slidegate`` command: ``serve``, ``check-config``, ``client``, ``demo``, ``simulate``.
 
 ``serve`` takes every setting of slidegate.settings as a flag or as the environment variable ``--help`` shows
 (names follow envoyproxy/ratelimit where it has one).
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import sys
@@ -26,10 +27,12 @@ from slidegate.config import ConfigError, LoadOptions, load_directory
 from slidegate.config.describe import describe_config
 from slidegate.demo import run_demo
 from slidegate.logs import configure_logging
+from slidegate.reference_env import unread_line
 from slidegate.server import run
 from slidegate.settings import SPECS, Settings, SettingsError
 from slidegate.workers import run_workers
 
+log = logging.getLogger("slidegate")
 _ENV_NOTE = "Every setting can also be given by the environment variable shown; a flag wins over it."
 
 
@@ -58,6 +61,9 @@ def serve(**flags: str | None) -> None:
         click.echo(str(exc), err=True)
         sys.exit(2)
     configure_logging(settings.log_level, settings.log_format)
+    unread = unread_line(os.environ)
+    if unread:
+        log.warning("%s", unread)
     if not settings.config_path.is_dir():
         where = ("--config / CONFIG_DIR" if settings.config_dir else
                  "--config / CONFIG_DIR (or RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY, whose "

@@ -128,6 +128,20 @@ def _header_name(text: str) -> str:
     return name
 
 
+def _backend_type(text: str) -> str:
+    if text.strip().lower() == "memcache":
+        raise ValueError("memcache (envoyproxy/ratelimit's) is not offered: memcached cannot decide several limits "
+                         "at once, atomically (it runs no scripts); use redis")
+    return _choice("redis", "memory")(text)
+
+
+def _config_type(text: str) -> str:
+    if text.strip().upper() != "FILE":
+        raise ValueError(f"{text!r}: only FILE (YAML files in the config directory) is offered; config over xDS "
+                         "(GRPC_XDS_SOTW) is not yet")
+    return "FILE"
+
+
 # envoyproxy/ratelimit's levels (logrus) map onto Python's: LOG_LEVEL=warn carries over
 _LOG_LEVELS = {"trace": "debug", "debug": "debug", "info": "info", "warn": "warning", "warning": "warning",
                "error": "error", "fatal": "error", "panic": "error"}
@@ -164,7 +178,7 @@ SPECS: tuple[Spec, ...] = (
          "directory of the YAML files inside RUNTIME_ROOT/RUNTIME_SUBDIRECTORY"),
     Spec("runtime_watch_root", "RUNTIME_WATCH_ROOT", "--runtime-watch-root", "true", _bool,
          "watch the config directory's parent too, so a swapped symlink (Kubernetes ConfigMap) is seen"),
-    Spec("backend_type", "BACKEND_TYPE", "--backend", "redis", _choice("redis", "memory"),
+    Spec("backend_type", "BACKEND_TYPE", "--backend", "redis", _backend_type,
          "redis (shared by every replica) or memory (this process only)"),
     Spec("redis_type", "REDIS_TYPE", "--redis-type", "single", _choice("single", "sentinel", "cluster"),
          "single (one Redis), sentinel (a master found through Sentinel) or cluster (Redis Cluster)"),
@@ -271,6 +285,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("healthy_with_at_least_one_config_loaded", "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
          "--healthy-with-at-least-one-config-loaded", "false", _bool,
          "not serving (health checks) while no config file has loaded a domain"),
+    Spec("config_type", "CONFIG_TYPE", "--config-type", "FILE", _config_type,
+         "where the limits come from: FILE, the YAML files of the config directory"),
 )
 
 
@@ -333,6 +349,7 @@ class Settings:
     drain_timeout: float
     workers: int
     healthy_with_at_least_one_config_loaded: bool
+    config_type: str
 
     @property
     def response_headers(self) -> ResponseHeaders:

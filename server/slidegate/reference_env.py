@@ -1,0 +1,137 @@
+"""envoyproxy/ratelimit's environment variables, each accounted for. A variable slidegate reads as a setting
+(slidegate.settings.SPECS: same name, same meaning) is supported; every other one is in ``UNREAD`` with what
+slidegate does about it and why. `slidegate serve` names each one that is set in one start-up line, so that an
+operator who moves their environment over learns what it no longer does. tests/test_reference_env.py keeps the
+two lists whole and apart, and docs/migrating.md shows them.
+
+The list is the reference's src/settings/settings.go (commit 00e75e6) and QUOTA_MODE.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+class Handling(enum.Enum):
+    """What slidegate does with a variable it does not read."""
+
+    MAPPED = "mapped"  # what the variable asks for is done another way, or always
+    IGNORED = "ignored"  # it has no effect here
+
+
+@dataclass(frozen=True, slots=True)
+class Unread:
+    handling: Handling
+    why: str
+
+
+REFERENCE_VARIABLES = (
+    "PROTO", "HOST", "PORT", "DEBUG_HOST", "DEBUG_PORT", "GRPC_UDS", "GRPC_HOST", "GRPC_PORT",
+    "GRPC_MAX_CONNECTION_AGE", "GRPC_MAX_CONNECTION_AGE_GRACE", "GRPC_SERVER_USE_TLS", "GRPC_SERVER_TLS_CERT",
+    "GRPC_SERVER_TLS_KEY", "GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN", "LOG_LEVEL", "LOG_FORMAT", "CONFIG_TYPE",
+    "FORCE_START_WITHOUT_INITIAL_CONFIG", "CONFIG_GRPC_XDS_NODE_ID", "CONFIG_GRPC_XDS_NODE_METADATA",
+    "CONFIG_GRPC_XDS_SERVER_URL", "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "CONFIG_GRPC_XDS_SERVER_USE_TLS", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "XDS_CLIENT_BACKOFF_MAX_INTERVAL", "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+    "XDS_CLIENT_BACKOFF_JITTER", "USE_DOG_STATSD", "USE_DOG_STATSD_MOGRIFIERS", "USE_STATSD", "STATSD_HOST",
+    "STATSD_PORT", "EXTRA_TAGS", "STATS_FLUSH_INTERVAL", "DISABLE_STATS", "USE_PROMETHEUS", "PROMETHEUS_ADDR",
+    "PROMETHEUS_PATH", "PROMETHEUS_MAPPER_YAML", "RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY",
+    "RUNTIME_IGNOREDOTFILES", "RUNTIME_WATCH_ROOT", "EXPIRATION_JITTER_MAX_SECONDS", "LOCAL_CACHE_SIZE_IN_BYTES",
+    "NEAR_LIMIT_RATIO", "CACHE_KEY_PREFIX", "BACKEND_TYPE", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+    "LIMIT_RESPONSE_HEADERS_ENABLED", "LIMIT_LIMIT_HEADER", "LIMIT_REMAINING_HEADER", "LIMIT_RESET_HEADER",
+    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "REDIS_SOCKET_TYPE", "REDIS_TYPE", "REDIS_URL", "REDIS_POOL_SIZE",
+    "REDIS_AUTH", "REDIS_TLS", "REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "REDIS_TLS_CACERT",
+    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "REDIS_PIPELINE_WINDOW", "REDIS_PIPELINE_LIMIT", "REDIS_PERSECOND",
+    "REDIS_PERSECOND_SOCKET_TYPE", "REDIS_PERSECOND_TYPE", "REDIS_PERSECOND_URL", "REDIS_PERSECOND_POOL_SIZE",
+    "REDIS_PERSECOND_AUTH", "REDIS_PERSECOND_TLS", "REDIS_PERSECOND_PIPELINE_WINDOW", "REDIS_PERSECOND_PIPELINE_LIMIT",
+    "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "MEMCACHE_HOST_PORT", "MEMCACHE_MAX_IDLE_CONNS", "MEMCACHE_SRV",
+    "MEMCACHE_SRV_REFRESH", "MEMCACHE_TLS", "MEMCACHE_TLS_CLIENT_CERT", "MEMCACHE_TLS_CLIENT_KEY",
+    "MEMCACHE_TLS_CACERT", "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", "SHADOW_MODE", "QUOTA_MODE",
+    "MERGE_DOMAIN_CONFIG", "TRACING_ENABLED", "TRACING_SERVICE_NAME", "TRACING_SERVICE_NAMESPACE",
+    "TRACING_SERVICE_INSTANCE_ID", "TRACING_EXPORTER_PROTOCOL", "TRACING_SAMPLING_RATE",
+)
+
+_XDS = Unread(Handling.IGNORED, "config over xDS (CONFIG_TYPE=GRPC_XDS_SOTW) is not offered yet")
+_MEMCACHE = Unread(Handling.IGNORED, "there is no memcached backend (BACKEND_TYPE=memcache is refused: memcached "
+                                     "cannot decide several limits at once, atomically)")
+_TRACING = Unread(Handling.IGNORED, "no tracing yet")
+
+UNREAD: dict[str, Unread] = {
+    "PROTO": Unread(Handling.IGNORED, "every listener is TCP"),
+    "GRPC_UDS": Unread(Handling.IGNORED, "gRPC listens on GRPC_HOST:GRPC_PORT only, not on a unix socket"),
+    "GRPC_MAX_CONNECTION_AGE": Unread(Handling.IGNORED, "connections are kept for as long as the client keeps them"),
+    "GRPC_MAX_CONNECTION_AGE_GRACE": Unread(Handling.IGNORED, "see GRPC_MAX_CONNECTION_AGE"),
+    "FORCE_START_WITHOUT_INITIAL_CONFIG": _XDS,
+    "CONFIG_GRPC_XDS_NODE_ID": _XDS,
+    "CONFIG_GRPC_XDS_NODE_METADATA": _XDS,
+    "CONFIG_GRPC_XDS_SERVER_URL": _XDS,
+    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL": _XDS,
+    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": _XDS,
+    "CONFIG_GRPC_XDS_SERVER_USE_TLS": _XDS,
+    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT": _XDS,
+    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY": _XDS,
+    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": _XDS,
+    "CONFIG_GRPC_XDS_SERVER_TLS_SAN": _XDS,
+    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL": _XDS,
+    "XDS_CLIENT_BACKOFF_MAX_INTERVAL": _XDS,
+    "XDS_CLIENT_BACKOFF_RANDOM_FACTOR": _XDS,
+    "XDS_CLIENT_BACKOFF_JITTER": _XDS,
+    "USE_DOG_STATSD": Unread(Handling.IGNORED, "no statsd output yet: Prometheus on /metrics"),
+    "USE_DOG_STATSD_MOGRIFIERS": Unread(Handling.IGNORED, "no statsd output yet: Prometheus on /metrics"),
+    "USE_STATSD": Unread(Handling.IGNORED, "no statsd output yet: Prometheus on /metrics"),
+    "STATSD_HOST": Unread(Handling.IGNORED, "no statsd output yet: Prometheus on /metrics"),
+    "STATSD_PORT": Unread(Handling.IGNORED, "no statsd output yet: Prometheus on /metrics"),
+    "EXTRA_TAGS": Unread(Handling.IGNORED, "no statsd output yet: Prometheus on /metrics"),
+    "STATS_FLUSH_INTERVAL": Unread(Handling.IGNORED, "no statsd output yet: Prometheus counts as it goes"),
+    "DISABLE_STATS": Unread(Handling.IGNORED, "no statsd output yet; USE_PROMETHEUS=false leaves out /metrics"),
+    "PROMETHEUS_ADDR": Unread(Handling.MAPPED, "/metrics is served on the debug listener (DEBUG_HOST:DEBUG_PORT) "
+                                               "and the HTTP one, not on a listener of its own"),
+    "PROMETHEUS_PATH": Unread(Handling.MAPPED, "the path is /metrics"),
+    "PROMETHEUS_MAPPER_YAML": Unread(Handling.MAPPED, "the metric names are fixed, those the reference's default "
+                                                      "mapper gives"),
+    "RUNTIME_IGNOREDOTFILES": Unread(Handling.MAPPED, "always: hidden files never load"),
+    "EXPIRATION_JITTER_MAX_SECONDS": Unread(Handling.IGNORED, "keys expire when their limit no longer needs them"),
+    "LOCAL_CACHE_SIZE_IN_BYTES": Unread(Handling.MAPPED, "the over-limit cache is always on, bounded by entries"),
+    "REDIS_PIPELINE_WINDOW": Unread(Handling.MAPPED, "calls that arrive while a script call is in flight are "
+                                                     "batched by themselves, with no window to wait out"),
+    "REDIS_PIPELINE_LIMIT": Unread(Handling.MAPPED, "see REDIS_PIPELINE_WINDOW"),
+    "REDIS_PERSECOND": Unread(Handling.IGNORED, "one Redis holds every limit"),
+    "REDIS_PERSECOND_SOCKET_TYPE": Unread(Handling.IGNORED, "see REDIS_PERSECOND"),
+    "REDIS_PERSECOND_TYPE": Unread(Handling.IGNORED, "see REDIS_PERSECOND"),
+    "REDIS_PERSECOND_URL": Unread(Handling.IGNORED, "see REDIS_PERSECOND"),
+    "REDIS_PERSECOND_POOL_SIZE": Unread(Handling.IGNORED, "see REDIS_PERSECOND"),
+    "REDIS_PERSECOND_AUTH": Unread(Handling.IGNORED, "see REDIS_PERSECOND"),
+    "REDIS_PERSECOND_TLS": Unread(Handling.IGNORED, "see REDIS_PERSECOND"),
+    "REDIS_PERSECOND_PIPELINE_WINDOW": Unread(Handling.IGNORED, "see REDIS_PERSECOND"),
+    "REDIS_PERSECOND_PIPELINE_LIMIT": Unread(Handling.IGNORED, "see REDIS_PERSECOND"),
+    "GRPC_CLIENT_TLS_SAN": Unread(Handling.IGNORED, "any client certificate GRPC_CLIENT_TLS_CACERT signed is "
+                                                    "accepted, whatever its SAN"),
+    "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": Unread(Handling.MAPPED, "always: health checks include the storage"),
+    "MEMCACHE_HOST_PORT": _MEMCACHE,
+    "MEMCACHE_MAX_IDLE_CONNS": _MEMCACHE,
+    "MEMCACHE_SRV": _MEMCACHE,
+    "MEMCACHE_SRV_REFRESH": _MEMCACHE,
+    "MEMCACHE_TLS": _MEMCACHE,
+    "MEMCACHE_TLS_CLIENT_CERT": _MEMCACHE,
+    "MEMCACHE_TLS_CLIENT_KEY": _MEMCACHE,
+    "MEMCACHE_TLS_CACERT": _MEMCACHE,
+    "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION": _MEMCACHE,
+    "TRACING_ENABLED": _TRACING,
+    "TRACING_SERVICE_NAME": _TRACING,
+    "TRACING_SERVICE_NAMESPACE": _TRACING,
+    "TRACING_SERVICE_INSTANCE_ID": _TRACING,
+    "TRACING_EXPORTER_PROTOCOL": _TRACING,
+    "TRACING_SAMPLING_RATE": _TRACING,
+}
+
+
+def unread_line(environ: Mapping[str, str]) -> str | None:
+    """The start-up line naming every set variable of ``UNREAD``, each with its reason; None when none is."""
+    told = [f"{name} ({UNREAD[name].handling.value}: {UNREAD[name].why})" for name in REFERENCE_VARIABLES
+            if name in environ and name in UNREAD]
+    if not told:
+        return None
+    return "envoyproxy/ratelimit settings this service does not read: " + "; ".join(told)
