@@ -99,7 +99,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
         runner, http_port = await start_app(make_app(app.service, lambda: holder.current, health, routes),
                                             settings.http_host, settings.http_port, reuse_port=reuse_port)
         runners.append(runner)
-        debug_routes = ("rlconfig", "metrics") if settings.use_prometheus else ("rlconfig",)
+        # /stats: the counters by their envoyproxy/ratelimit names, as its debug port prints them
+        debug_routes = ("rlconfig", "metrics", "stats") if settings.use_prometheus else ("rlconfig", "stats")
         runner, debug_port = await start_app(make_app(app.service, lambda: holder.current, health, debug_routes),
                                              settings.debug_host, settings.debug_port, reuse_port=reuse_port)
         runners.append(runner)
