@@ -10,13 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from slidegate.backends.base import Backend, BackendUnavailable
+from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.memory import MemoryBackend
 from slidegate.config import load_directory
-from slidegate.limiter import Descriptor, Limiter, LimiterOptions, Override
+from slidegate.limiter import Descriptor, InvalidOverride, Limiter, LimiterOptions, Override
 from slidegate.metric_keys import sanitize
 from slidegate.metrics import DETAILED_VALUES
 from slidegate.service import RateLimitService
 from slidegate.units import Unit
+from tests.conftest import FailingBackend
 
 # test/config/basic_config.yaml, the parts its cases use
 BASIC = """
@@ -395,3 +398,47 @@ async def test_keys_with_request_values_are_bounded(tmp_path: Path) -> None:
     assert len(hits) == DETAILED_VALUES + 1
     assert hits["ratelimit.service.rate_limit.test-domain.key7__other.total_hits"] == 5
     assert hits["ratelimit.service.rate_limit.test-domain.key7_v0.total_hits"] == 2
+
+
+def service_with(tmp_path: Path, config_text: str, backend: Backend, options: LimiterOptions) -> RateLimitService:
+    (tmp_path / "config.yaml").write_text(textwrap.dedent(config_text))
+    config = load_directory(tmp_path)
+    return RateLimitService(Limiter(lambda: config, backend, options))
+
+
+async def test_global_shadow_mode_counts_the_requests_it_lets_through(tmp_path: Path) -> None:
+    """src/service/ratelimit.go: with SHADOW_MODE a request over limit is answered OK and counted in
+    global_shadow_mode; its limit counts over_limit as usual (shadow_mode is a rule's)."""
+    service = service_with(tmp_path, BASIC, MemoryBackend(), LimiterOptions(shadow_mode=True))
+    for _ in range(3):
+        await service.decide("test-domain", [Descriptor((("key2", "value2"),), hits_addend=15)], 0)
+    totals = counted(service)
+    assert totals["ratelimit.service.global_shadow_mode"] == 1
+    assert totals["ratelimit.service.rate_limit.test-domain.key2_value2.over_limit"] == 15
+    assert not any(name.endswith(".shadow_mode") for name in totals)
+
+
+async def test_answers_of_the_over_limit_cache_count_as_the_reference_local_cache(tmp_path: Path) -> None:
+    """src/limiter/base_limiter.go: an over-limit answer from the local cache counts over_limit and
+    over_limit_with_local_cache."""
+    backend = OverLimitCache(MemoryBackend())
+    service = service_with(tmp_path, BASIC, backend, LimiterOptions())
+    for _ in range(4):
+        await service.decide("test-domain", [Descriptor((("key2", "value2"),), hits_addend=20)], 0)
+    totals = counted(service)
+    cached = totals.get("ratelimit.service.rate_limit.test-domain.key2_value2.over_limit_with_local_cache", 0)
+    assert totals["ratelimit.service.rate_limit.test-domain.key2_value2.over_limit"] == 60
+    assert cached > 0 and cached % 20 == 0
+
+
+async def test_storage_and_request_errors_are_counted(tmp_path: Path) -> None:
+    """src/service/ratelimit.go ShouldRateLimit: a Redis error counts call.should_rate_limit.redis_error, a
+    request the service refuses service_error."""
+    service = service_with(tmp_path, BASIC, FailingBackend(), LimiterOptions())
+    with pytest.raises(BackendUnavailable):
+        await service.decide("test-domain", [Descriptor((("key2", "x"),))], 0)
+    with pytest.raises(InvalidOverride):
+        await service.decide("test-domain", [Descriptor((("key2", "x"),), override=Override(1, Unit.YEAR, 10**9))], 0)
+    totals = counted(service)
+    assert totals["ratelimit.service.call.should_rate_limit.redis_error"] == 1
+    assert totals["ratelimit.service.call.should_rate_limit.service_error"] == 1
