@@ -133,7 +133,6 @@ class Metrics:
         self.call_latency = Histogram("ratelimit_should_rate_limit_latency_seconds", "one ShouldRateLimit call",
                                       buckets=_LATENCY_BUCKETS, registry=registry)
         self._keys: dict[tuple[str, str], set[str]] = {}
-        self._counters: dict[tuple[str, str], LimitCounters] = {}
         self._unknown_domains: set[str] = set()
 
     def _count(self, family: Counter, labels: tuple[str, ...], name: str) -> Count:
@@ -151,12 +150,8 @@ class Metrics:
         return group + OTHER
 
     def counters(self, domain: str, key: str) -> LimitCounters:
-        """The counters of one limit's key in ``domain`` (found once, so that each decision only adds). Kept
-        for the next request with the same key; there are as many as keys, which limit_key bounds."""
-        counters = self._counters.get((domain, key))
-        if counters is None:
-            counters = self._counters[(domain, key)] = LimitCounters(self, domain, key)
-        return counters
+        """The counters of one limit's key in ``domain`` (found once, so that each decision only adds)."""
+        return LimitCounters(self, domain, key)
 
     def limit_count(self, stat: LimitStat, domain: str, key: str) -> Count:
         """One stat of a limit: ``ratelimit.service.rate_limit.<domain>.<key>.<stat>``, sanitized as the
