@@ -24,7 +24,6 @@ from slidegate.backends.redis import RedisBackend
 from slidegate.config import load_directory
 from slidegate.keys import limit_key
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions
-from slidegate.metrics import Metrics
 from slidegate.service import METHOD, RateLimitService
 from slidegate.text import MAX_TEXT_CHARS
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
@@ -119,11 +118,13 @@ def test_adversarial_pairs_never_share_a_key(domain_slot: bool) -> None:
     assert len(set(keys)) == len(ADVERSARIAL)
 
 
-def test_metric_labels_hold_a_digest_of_a_long_value() -> None:
-    metrics = Metrics()
-    label = metrics.key("d", "path", "/" + "p" * 60_000, detailed=True)
-    assert label.startswith("path_#") and len(label) == len("path_") + 65
-    assert metrics.key("d", "path", "/short", detailed=True) == "path_/short"
+async def test_metric_labels_hold_a_digest_of_a_long_value(service: RateLimitService) -> None:
+    for value in ("/" + "p" * 60_000, "/short"):
+        await service.decide("d", [Descriptor((("path", value),))], 0)
+    names = [name for name, _ in service.metrics.store.totals() if name.endswith(".total_hits")]
+    long_key = next(name for name in names if "_#" in name).removeprefix("ratelimit.service.rate_limit.d.")
+    assert long_key.startswith("path_#") and len(long_key) == len("path_") + 65 + len(".total_hits")
+    assert "ratelimit.service.rate_limit.d.path_/short.total_hits" in names
 
 
 def rss_mb(pid: int) -> float:

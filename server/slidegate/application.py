@@ -1,10 +1,11 @@
 """One slidegate, built from its Settings: the config (in a holder, for reloads), the metrics, the storage, the
-limiter and the service. `slidegate serve`, the in-process limiter (slidegate.inprocess) and the tests all build
-it here, so that every setting is read in one place and means the same thing everywhere."""
+limiter and the service (and, for `slidegate serve`, the statsd sink). `slidegate serve`, the in-process limiter
+(slidegate.inprocess) and the tests all build it here, so that every setting is read in one place and means the
+same thing everywhere."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from slidegate.metrics import Metrics
 from slidegate.reload import ConfigHolder
 from slidegate.service import AnswerOptions, RateLimitService
 from slidegate.settings import Settings
+from slidegate.stats import StatsStore
+from slidegate.statsd import LineFormat, StatsdSink, Transport, mogrifiers_from_env
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +53,8 @@ def build(settings: Settings, *, clock: Callable[[], int] | None = None, heap: H
     not exist."""
     load = LoadOptions(merge_domains=settings.merge_domain_config, default_algorithm=settings.default_algorithm)
     holder = ConfigHolder(load_directory(settings.config_path, load))
-    metrics = Metrics(settings.near_limit_ratio)
+    # timers' values are kept only for a statsd sink to take (slidegate.server starts it)
+    metrics = Metrics(settings.near_limit_ratio, StatsStore(keep_timers=settings.statsd_enabled))
     metrics.config_load_success.inc()
     backend = make_backend(settings) if backend is None else backend
     limiter = Limiter(lambda: holder.current, backend, LimiterOptions(
@@ -65,6 +69,21 @@ def build(settings: Settings, *, clock: Callable[[], int] | None = None, heap: H
         header_names=settings.header_names,
     ), metrics, heap)
     return Application(settings, load, holder, metrics, backend, limiter, service)
+
+
+def make_statsd_sink(settings: Settings, store: StatsStore, environ: Mapping[str, str]) -> StatsdSink | None:
+    """The statsd sink the settings ask for (None: none), sending ``store``'s stats; ``environ`` holds the
+    DogStatsD mogrifiers' definitions (DOG_STATSD_MOGRIFIER_<NAME>_*). Raises ValueError for a malformed
+    mogrifier."""
+    if not settings.statsd_enabled:
+        return None
+    dog = settings.use_dog_statsd
+    mogrifiers = mogrifiers_from_env(settings.use_dog_statsd_mogrifiers, environ) if dog else ()
+    # DogStatsD is UDP only, as the reference's datadog-go client sends it
+    transport = Transport.UDP if dog else settings.statsd_protocol
+    return StatsdSink(store, settings.statsd_host or "localhost", settings.statsd_port, transport,
+                      settings.stats_flush_interval,
+                      LineFormat(dog=dog, extra_tags=settings.extra_tags, mogrifiers=mogrifiers))
 
 
 def make_backend(settings: Settings) -> Backend:

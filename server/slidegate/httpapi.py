@@ -1,6 +1,7 @@
 """The HTTP endpoints (aiohttp): ``POST /json`` (a RateLimitRequest in proto-JSON, answered with the
 RateLimitResponse: 200 OK, 429 over limit, 400 bad request with the reason, 503 storage unavailable),
-``GET /healthcheck``, ``GET /rlconfig`` (the loaded limits) and ``GET /metrics`` (Prometheus)."""
+``GET /healthcheck``, ``GET /rlconfig`` (the loaded limits), ``GET /metrics`` (Prometheus) and ``GET /stats``
+(every counter's total by its envoyproxy/ratelimit name, as the reference's debug port prints them)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ JSON = "application/json"
 # the HTTP status of each gRPC status the service refuses a call with (service.refusal)
 HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAVAILABLE: 503,
                grpc.StatusCode.DEADLINE_EXCEEDED: 504}
-ROUTES = ("json", "healthcheck", "rlconfig", "metrics")
+ROUTES = ("json", "healthcheck", "rlconfig", "metrics", "stats")
 
 
 def make_app(service: RateLimitService, config: Callable[[], Config], health: Health,
@@ -49,7 +50,10 @@ def make_app(service: RateLimitService, config: Callable[[], Config], health: He
             domain, descriptors = parse_request(lenient)
         except json.JSONDecodeError as exc:
             return web.json_response({"error": f"the body is not JSON: {exc}"}, status=400)
-        except (json_format.ParseError, UnicodeDecodeError, InvalidRequest) as exc:
+        except InvalidRequest as exc:  # the reference's service_error, as over gRPC
+            service.refused(exc)
+            return web.json_response({"error": str(exc)}, status=400)
+        except (json_format.ParseError, UnicodeDecodeError) as exc:
             return web.json_response({"error": str(exc)}, status=400)
         except web.HTTPRequestEntityTooLarge as exc:  # every answer of /json is JSON
             return web.json_response({"error": exc.text}, status=exc.status)
@@ -79,9 +83,13 @@ def make_app(service: RateLimitService, config: Callable[[], Config], health: He
         return web.Response(body=service.metrics.render(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
+    async def stats(_: web.Request) -> web.Response:
+        return web.Response(text=service.metrics.render_stats())
+
     app = web.Application(middlewares=[_errors_as_json])
     table = {"json": web.post("/json", decide), "healthcheck": web.get("/healthcheck", healthcheck),
-             "rlconfig": web.get("/rlconfig", rlconfig), "metrics": web.get("/metrics", metrics)}
+             "rlconfig": web.get("/rlconfig", rlconfig), "metrics": web.get("/metrics", metrics),
+             "stats": web.get("/stats", stats)}
     app.add_routes([table[name] for name in routes])
     return app
 

@@ -1,75 +1,178 @@
-"""Prometheus metrics, named as envoyproxy/ratelimit's stats (``ratelimit.service.rate_limit.<domain>.<key>``
-becomes ``ratelimit_service_rate_limit_<stat>{domain, key}``).
+"""The service's counts, counted once and seen by both sinks: the stats store under envoyproxy/ratelimit's stat
+names (sent over statsd by slidegate.statsd, shown on ``/stats``) and Prometheus (``/metrics``), where
+``ratelimit.service.rate_limit.<domain>.<key>.<stat>`` becomes ``ratelimit_service_rate_limit_<stat>{domain,
+key}``.
 
-Label values come from the config (a rule's path of keys and values), never from request values, so the number
-of series is bounded by the config: request overrides share the key ``override``, wildcard and key-only rules
-count under their pattern, and ``detailed_metric``/``value_to_metric`` add at most ``DETAILED_VALUES`` request
-values per rule (later ones count under ``_other``), each at most MAX_TEXT_CHARS long (a longer one is shown
-as its digest).
+Keys are composed as the reference composes them (slidegate.metric_keys). Where a key carries request values
+(``detailed_metric``, ``value_to_metric``, overrides) a rule has at most DETAILED_VALUES keys in its domain (and
+a domain's overrides as many): later ones count under ``<rule's config path>__other`` (``override__other``),
+and unknown domains under ``_other`` past DETAILED_VALUES of them, so that neither statsd nor Prometheus
+receives a series per client. The reference has no such bound.
 """
 
 from __future__ import annotations
 
+import enum
+import functools
 import math
 import os
+import struct
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 
-from slidegate.text import MAX_TEXT_CHARS, digest, printable
+from slidegate.metric_keys import sanitize, shown
+from slidegate.stats import StatCounter, StatsStore
 
 DETAILED_VALUES = 100
+OTHER = "__other"
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+# the reference's scopes (src/stats/manager_impl.go, src/metrics/metrics.go)
+SERVICE_SCOPE = "ratelimit.service"
+RATE_LIMIT_SCOPE = "ratelimit.service.rate_limit"
+SHOULD_RATE_LIMIT_SCOPE = "ratelimit.service.call.should_rate_limit"
+SERVER_SCOPE = "ratelimit_server.ShouldRateLimit"
+
+
+class LimitStat(enum.IntEnum):
+    """The stats of one limit, named as the reference's RateLimitStats."""
+
+    TOTAL_HITS = 0
+    OVER_LIMIT = 1
+    NEAR_LIMIT = 2
+    WITHIN_LIMIT = 3
+    SHADOW_MODE = 4
+    OVER_LIMIT_WITH_LOCAL_CACHE = 5
+
+    @property
+    def stat(self) -> str:
+        return self.name.lower()
+
+
+_HELP = {
+    LimitStat.TOTAL_HITS: "hits asked for by requests that matched a limit",
+    LimitStat.OVER_LIMIT: "hits over their limit (shadow-mode rules' too)",
+    LimitStat.NEAR_LIMIT: "hits admitted past NEAR_LIMIT_RATIO of their limit",
+    LimitStat.WITHIN_LIMIT: "hits admitted",
+    LimitStat.SHADOW_MODE: "hits over the limit of a shadow_mode rule, admitted anyway",
+    LimitStat.OVER_LIMIT_WITH_LOCAL_CACHE: "hits over their limit answered from the over-limit cache, without Redis",
+}
+
+
+def _float32(value: float) -> float:
+    return float(struct.unpack("f", struct.pack("f", value))[0])
+
+
+@functools.lru_cache(maxsize=4096)
+def near_threshold(limit: int, ratio: float) -> int:
+    """Hits of ``limit`` past which a hit is near the limit: floor(limit x ratio) computed in float32, as the
+    reference's ``float32(limit) * nearLimitRatio`` (so the same limits are near at the same count)."""
+    return math.floor(_float32(_float32(limit) * _float32(ratio)))
+
+
+class Count:
+    """One count for both sinks: a Prometheus series (created on its first count, as prometheus_client does
+    when labels are looked up per decision) and the stats store's counter."""
+
+    __slots__ = ("_cell", "_family", "_labels", "_series")
+
+    def __init__(self, family: Counter, labels: tuple[str, ...], cell: StatCounter) -> None:
+        self._family = family
+        self._labels = labels
+        self._cell = cell
+        self._series: Counter | None = None
+
+    def inc(self, amount: int = 1) -> None:
+        series = self._series
+        if series is None:
+            series = self._series = self._family.labels(*self._labels) if self._labels else self._family
+        series.inc(amount)
+        self._cell.add(amount)
 
 
 class Metrics:
-    """The service's metrics in their own registry (so several servers can live in one process)."""
+    """The service's counts, in their own Prometheus registry (so several servers can live in one process) and
+    ``store``."""
 
-    def __init__(self, near_limit_ratio: float = 0.8) -> None:
+    def __init__(self, near_limit_ratio: float = 0.8, store: StatsStore | None = None) -> None:
         self.registry = CollectorRegistry()
+        self.store = store if store is not None else StatsStore()
         self.near_limit_ratio = near_limit_ratio
-        labels = ("domain", "key")
-
-        def counter(stat: str, doc: str) -> Counter:
-            return Counter(f"ratelimit_service_rate_limit_{stat}", doc, labels, registry=self.registry)
-
-        self.total_hits = counter("total_hits", "hits asked for by requests that matched a limit")
-        self.over_limit = counter("over_limit", "hits over their limit")
-        self.near_limit = counter("near_limit", "hits admitted past NEAR_LIMIT_RATIO of their limit")
-        self.within_limit = counter("within_limit", "hits admitted")
-        self.shadow_mode = counter("shadow_mode", "hits over a limit in shadow or quota mode, admitted anyway")
-        self.config_load_success = Counter("ratelimit_config_load_success", "config (re)loads that worked",
-                                           registry=self.registry)
-        self.config_load_error = Counter("ratelimit_config_load_error", "config (re)loads that failed; the "
-                                         "previous config stays", registry=self.registry)
+        registry = self.registry
+        self._limit_families = {
+            stat: Counter(f"ratelimit_service_rate_limit_{stat.stat}", _HELP[stat], ("domain", "key"),
+                          registry=registry)
+            for stat in LimitStat
+        }
+        not_found = Counter("ratelimit_service_rate_limit_domain_not_found", "descriptors of requests for a domain "
+                            "no config has", ("domain",), registry=registry)
+        errors = Counter("ratelimit_service_should_rate_limit_error", "calls refused as invalid (service_error)",
+                         ("err_type",), registry=registry)
+        requests = Counter("ratelimit_service_total_requests", "gRPC calls", ("grpc_method",), registry=registry)
+        self._not_found = not_found
+        self.config_load_success = self._count(
+            Counter("ratelimit_config_load_success", "config (re)loads that worked", registry=registry), (),
+            f"{SERVICE_SCOPE}.config_load_success")
+        self.config_load_error = self._count(
+            Counter("ratelimit_config_load_error", "config (re)loads that failed; the previous config stays",
+                    registry=registry), (), f"{SERVICE_SCOPE}.config_load_error")
+        self.global_shadow_mode = self._count(
+            Counter("ratelimit_service_global_shadow_mode", "requests over limit answered OK because of SHADOW_MODE",
+                    registry=registry), (), f"{SERVICE_SCOPE}.global_shadow_mode")
+        # the reference's redis_error: a decision the storage did not make
+        self.storage_errors = self._count(
+            Counter("ratelimit_storage_errors", "decisions the storage did not answer in time", registry=registry),
+            (), f"{SHOULD_RATE_LIMIT_SCOPE}.redis_error")
+        self.service_errors = self._count(errors, ("service_error",), f"{SHOULD_RATE_LIMIT_SCOPE}.service_error")
+        self.total_requests = self._count(requests, ("ShouldRateLimit",), f"{SERVER_SCOPE}.total_requests")
+        self.response_time = self.store.timer(f"{SERVER_SCOPE}.response_time")  # ms; Prometheus: call_latency
         self.degraded = Counter("ratelimit_degraded_decisions", "requests decided by the failure mode because "
                                 "the storage could not, or not before the caller's deadline", ["mode"],
-                                registry=self.registry)
-        self.storage_errors = Counter("ratelimit_storage_errors", "decisions the storage did not answer in time",
-                                      registry=self.registry)
+                                registry=registry)
         self.storage_latency = Histogram("ratelimit_storage_latency_seconds", "one storage decision",
-                                         buckets=_LATENCY_BUCKETS, registry=self.registry)
+                                         buckets=_LATENCY_BUCKETS, registry=registry)
         self.call_latency = Histogram("ratelimit_should_rate_limit_latency_seconds", "one ShouldRateLimit call",
-                                      buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self._detailed: dict[str, set[str]] = {}
+                                      buckets=_LATENCY_BUCKETS, registry=registry)
+        self._keys: dict[tuple[str, str], set[str]] = {}
+        self._unknown_domains: set[str] = set()
 
-    def key(self, domain: str, rule_key: str, value: str, detailed: bool) -> str:
-        """The ``key`` label of one decision: the rule's config path, plus the request value when the rule
-        asks for detailed metrics and fewer than DETAILED_VALUES values were seen for it in its domain.
-        Request bytes that are not UTF-8 are shown as ``\\xNN``, a value longer than MAX_TEXT_CHARS as its
-        digest."""
-        if not detailed:
-            return rule_key
-        value = digest(value) if len(value) > MAX_TEXT_CHARS else printable(value)
-        seen = self._detailed.setdefault(f"{domain}\0{rule_key}", set())
-        if value in seen or len(seen) < DETAILED_VALUES:
-            seen.add(value)
-            return f"{rule_key}_{value}"
-        return f"{rule_key}__other"
+    def _count(self, family: Counter, labels: tuple[str, ...], name: str) -> Count:
+        return Count(family, labels, self.store.counter(name))
+
+    def limit_key(self, domain: str, group: str, key: str) -> str:
+        """``key`` (a limit's key, without the domain), or ``<group>__other`` once ``group`` (the rule's config
+        path, or ``override``) has DETAILED_VALUES other keys in ``domain``."""
+        if key == group:
+            return key
+        seen = self._keys.setdefault((domain, group), set())
+        if key in seen or len(seen) < DETAILED_VALUES:
+            seen.add(key)
+            return key
+        return group + OTHER
 
     def counters(self, domain: str, key: str) -> LimitCounters:
-        """The counters of one (domain, key) label pair, found once so that each decision only adds."""
-        return LimitCounters((self.total_hits, self.over_limit, self.shadow_mode, self.within_limit, self.near_limit),
-                             (printable(domain), key), self.near_limit_ratio)
+        """The counters of one limit's key in ``domain`` (found once, so that each decision only adds)."""
+        return LimitCounters(self, domain, key)
+
+    def limit_count(self, stat: LimitStat, domain: str, key: str) -> Count:
+        """One stat of a limit: ``ratelimit.service.rate_limit.<domain>.<key>.<stat>``, sanitized as the
+        reference's ``NewStats``."""
+        shown_domain = shown(domain)
+        name = sanitize(f"{shown_domain}.{key}")
+        # the key label is the name's key part: sanitizing replaces one character for one
+        labels = (shown_domain, name[len(shown_domain) + 1:])
+        return Count(self._limit_families[stat], labels, self.store.counter(f"{RATE_LIMIT_SCOPE}.{name}.{stat.stat}"))
+
+    def domain_not_found(self, domain: str) -> Count:
+        """``ratelimit.service.rate_limit.<domain>.domain_not_found``; past DETAILED_VALUES unknown domains,
+        ``_other``'s."""
+        shown_domain = shown(domain)
+        if shown_domain not in self._unknown_domains:
+            if len(self._unknown_domains) >= DETAILED_VALUES:
+                shown_domain = "_other"
+            else:
+                self._unknown_domains.add(shown_domain)
+        return self._count(self._not_found, (shown_domain,),
+                           f"{RATE_LIMIT_SCOPE}.{sanitize(shown_domain)}.domain_not_found")
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric; under several workers (PROMETHEUS_MULTIPROC_DIR,
@@ -80,40 +183,47 @@ class Metrics:
             return bytes(generate_latest(registry))
         return bytes(generate_latest(self.registry))
 
+    def render_stats(self) -> str:
+        """Every counter's total as ``name: value`` lines, as the reference's debug ``/stats`` prints its stats
+        (this process's counts only: each worker has its own)."""
+        return "".join(f"{name}: {total}\n" for name, total in self.store.totals())
+
 
 class LimitCounters:
-    """One limit's counters (a rule's, or the requests' overrides in one domain). A series is created on its
-    first count, as prometheus_client does when labels are looked up per decision."""
+    """One limit key's counters (a rule's, or an override's). Each stat is found on its first count."""
 
-    __slots__ = ("_children", "_labels", "_near_ratio", "_parents")
+    __slots__ = ("_counts", "_domain", "_key", "_metrics")
 
-    def __init__(self, parents: tuple[Counter, Counter, Counter, Counter, Counter], labels: tuple[str, str],
-                 near_ratio: float) -> None:
-        self._parents = parents  # total, over, shadow, within, near
-        self._labels = labels
-        self._children: list[Counter | None] = [None] * len(parents)
-        self._near_ratio = near_ratio
+    def __init__(self, metrics: Metrics, domain: str, key: str) -> None:
+        self._metrics = metrics
+        self._domain = domain
+        self._key = key
+        self._counts: list[Count | None] = [None] * len(LimitStat)
 
-    def _add(self, which: int, hits: int) -> None:
-        child = self._children[which]
-        if child is None:
-            child = self._children[which] = self._parents[which].labels(*self._labels)
-        child.inc(hits)
+    def _add(self, stat: LimitStat, hits: int) -> None:
+        count = self._counts[stat]
+        if count is None:
+            count = self._counts[stat] = self._metrics.limit_count(stat, self._domain, self._key)
+        count.inc(hits)
 
-    def record(self, *, hits: int, limit: int, over: bool, shadow: bool, remaining: int) -> None:
-        """Count one decision of this limit (``hits`` asked for, ``remaining`` after it); hits given back
-        or check-only requests count nothing."""
+    def record(self, *, hits: int, limit: int, over: bool, shadow: bool, remaining: int, cached: bool = False) -> None:
+        """Count one decision of this limit as the reference's base limiter does: ``hits`` asked for,
+        ``remaining`` after them; ``shadow``: the rule's shadow_mode (an over-limit decision then counts in
+        ``shadow_mode`` besides ``over_limit``); ``cached``: answered from the over-limit cache. Hits given back
+        or check-only requests count nothing. A request over its limit counts every hit over the limit (nothing
+        of it was admitted: the reference, which counts the hits that still fit, puts those in near_limit)."""
         if hits <= 0:
             return
-        self._add(_TOTAL, hits)
+        self._add(LimitStat.TOTAL_HITS, hits)
         if over:
-            self._add(_SHADOW if shadow else _OVER, hits)
+            self._add(LimitStat.OVER_LIMIT, hits)
+            if cached:
+                self._add(LimitStat.OVER_LIMIT_WITH_LOCAL_CACHE, hits)
+            if shadow:
+                self._add(LimitStat.SHADOW_MODE, hits)
             return
-        self._add(_WITHIN, hits)
-        near = math.floor(limit * self._near_ratio)
+        near = near_threshold(limit, self._metrics.near_limit_ratio)
         used = limit - remaining
         if used > near:
-            self._add(_NEAR, min(hits, used - near))
-
-
-_TOTAL, _OVER, _SHADOW, _WITHIN, _NEAR = range(5)
+            self._add(LimitStat.NEAR_LIMIT, min(hits, used - near))
+        self._add(LimitStat.WITHIN_LIMIT, hits)

@@ -79,19 +79,11 @@ UNREAD: dict[str, Unread] = {
     "XDS_CLIENT_BACKOFF_MAX_INTERVAL": _XDS,
     "XDS_CLIENT_BACKOFF_RANDOM_FACTOR": _XDS,
     "XDS_CLIENT_BACKOFF_JITTER": _XDS,
-    "USE_DOG_STATSD": Unread(Handling.IGNORED, "no statsd output yet: Prometheus on /metrics"),
-    "USE_DOG_STATSD_MOGRIFIERS": Unread(Handling.IGNORED, "no statsd output yet: Prometheus on /metrics"),
-    "USE_STATSD": Unread(Handling.IGNORED, "no statsd output yet: Prometheus on /metrics"),
-    "STATSD_HOST": Unread(Handling.IGNORED, "no statsd output yet: Prometheus on /metrics"),
-    "STATSD_PORT": Unread(Handling.IGNORED, "no statsd output yet: Prometheus on /metrics"),
-    "EXTRA_TAGS": Unread(Handling.IGNORED, "no statsd output yet: Prometheus on /metrics"),
-    "STATS_FLUSH_INTERVAL": Unread(Handling.IGNORED, "no statsd output yet: Prometheus counts as it goes"),
-    "DISABLE_STATS": Unread(Handling.IGNORED, "no statsd output yet; USE_PROMETHEUS=false leaves out /metrics"),
     "PROMETHEUS_ADDR": Unread(Handling.MAPPED, "/metrics is served on the debug listener (DEBUG_HOST:DEBUG_PORT) "
                                                "and the HTTP one, not on a listener of its own"),
     "PROMETHEUS_PATH": Unread(Handling.MAPPED, "the path is /metrics"),
-    "PROMETHEUS_MAPPER_YAML": Unread(Handling.MAPPED, "the metric names are fixed, those the reference's default "
-                                                      "mapper gives"),
+    "PROMETHEUS_MAPPER_YAML": Unread(Handling.MAPPED, "the Prometheus names are fixed, those the reference's "
+                                                      "default mapper gives; statsd gets the reference's own"),
     "RUNTIME_IGNOREDOTFILES": Unread(Handling.MAPPED, "always: hidden files never load"),
     "EXPIRATION_JITTER_MAX_SECONDS": Unread(Handling.IGNORED, "keys expire when their limit no longer needs them"),
     "LOCAL_CACHE_SIZE_IN_BYTES": Unread(Handling.MAPPED, "the over-limit cache is always on, bounded by entries"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -20,7 +21,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from slidegate.allocator import return_large_blocks
-from slidegate.application import build
+from slidegate.application import build, make_statsd_sink
 from slidegate.health import Health
 from slidegate.heap import Heap
 from slidegate.httpapi import make_app, start_app
@@ -79,6 +80,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
     cannot be read."""
     heap = Heap()
     app = build(settings, heap=heap)
+    sink = make_statsd_sink(settings, app.metrics.store, os.environ)
     config, directory, holder, backend = app.holder.current, settings.config_path, app.holder, app.backend
     if not config.domains:
         log.warning("no domain in %s: every request will be answered OK with no limit", directory)
@@ -94,13 +96,17 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
     await health.publish()
     runners = []
     stop = asyncio.Event()
+    # the sink stops after the drain, so that it sends what the last calls counted
+    sink_stop = asyncio.Event()
+    sink_task = asyncio.create_task(sink.run(sink_stop)) if sink is not None else None
     try:
-        routes = ("json", "healthcheck", "rlconfig", "metrics") if settings.use_prometheus else (
+        routes = ("json", "healthcheck", "rlconfig", "metrics") if settings.serves_prometheus else (
             "json", "healthcheck", "rlconfig")
         runner, http_port = await start_app(make_app(app.service, lambda: holder.current, health, routes),
                                             settings.http_host, settings.http_port, reuse_port=reuse_port)
         runners.append(runner)
-        debug_routes = ("rlconfig", "metrics") if settings.use_prometheus else ("rlconfig",)
+        # /stats: the counters by their envoyproxy/ratelimit names, as its debug port prints them
+        debug_routes = ("rlconfig", "metrics", "stats") if settings.serves_prometheus else ("rlconfig", "stats")
         runner, debug_port = await start_app(make_app(app.service, lambda: holder.current, health, debug_routes),
                                              settings.debug_host, settings.debug_port, reuse_port=reuse_port)
         runners.append(runner)
@@ -127,18 +133,28 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
             settings.debug_host, debug_port, len(config.domains), config.limit_count(), directory,
         )
         log.info("storage: %s", backend.describe())
+        if sink is not None:
+            log.info("stats: %s, counters every %g s", sink.describe(), settings.stats_flush_interval)
         if ready is not None:
             ready.set()
         await stop.wait()
         log.info("shutting down: not serving; draining in-flight calls (up to %.0f s)", settings.drain_timeout)
         await health.drain()
         await server.stop(settings.drain_timeout)
+        if sink_task is not None:
+            sink_stop.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(sink_task), 3)
         for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
     finally:
         stop.set()
+        if sink_task is not None and not sink_task.done():
+            sink_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sink_task
         await server.stop(0)
         for runner in runners:
             await runner.cleanup()

@@ -26,7 +26,8 @@ from slidegate.backends.base import BackendUnavailable, DeadlineExceeded, admits
 from slidegate.headers import HeaderNames, ResponseHeaders, Shown, envoy_headers
 from slidegate.heap import Heap
 from slidegate.limiter import Descriptor, InvalidOverride, Limiter, Override, Plan, Status
-from slidegate.metrics import LimitCounters, Metrics
+from slidegate.metric_keys import override_key, rule_key
+from slidegate.metrics import Count, LimitCounters, Metrics
 from slidegate.text import printable
 from slidegate.units import Unit
 
@@ -201,12 +202,14 @@ def _metadata(domain: str, descriptors: list[Descriptor], statuses: list[Status]
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """A validated request matched against the config (``plan``), with the metric counters of each limit
-    it names: (index of the descriptor, its counters, its limit's requests_per_unit)."""
+    it names: (index of the descriptor, its counters, its limit's requests_per_unit); for a domain no config
+    has, its ``domain_not_found`` count (one per descriptor, as the reference looks each up)."""
 
     descriptors: list[Descriptor]
     plan: Plan
     counted: tuple[tuple[int, LimitCounters, int], ...]
     hits_addend: int = 0
+    not_found: Count | None = None
 
 
 class RateLimitService:
@@ -241,6 +244,9 @@ class RateLimitService:
             "envoy.service.ratelimit.v3.RateLimitService", {"ShouldRateLimit": method})
 
     async def should_rate_limit(self, request: bytes, context: Context) -> rls_pb2.RateLimitResponse:
+        # the reference's gRPC interceptor (src/metrics/metrics.go): every call, its time in whole milliseconds
+        started = time.perf_counter()
+        self.metrics.total_requests.inc()
         try:
             prepared = self._prepared.get(request)
             if prepared is None or not self._limiter.is_current(prepared.plan):
@@ -248,12 +254,21 @@ class RateLimitService:
             # answer within the caller's deadline (Envoy sends its filter timeout as the gRPC deadline)
             return await self.answer(prepared, context.time_remaining())
         except UNDECIDED as exc:
+            self.refused(exc)
             remaining = context.time_remaining()
             if isinstance(exc, BackendUnavailable) and remaining is not None and remaining <= 0:
                 # gRPC ends a call at its deadline itself (DEADLINE_EXCEEDED) and cancels this task; a status
                 # sent here races that end and gRPC logs the lost race as an ExecuteBatchError traceback
                 raise asyncio.CancelledError from None
             await context.abort(*refusal(exc))
+        finally:
+            self.metrics.response_time.record(int((time.perf_counter() - started) * 1000))
+
+    def refused(self, exc: Undecided) -> None:
+        """Count a call refused as invalid (the reference's ``service_error``); storage failures are counted
+        where they happen (``redis_error``)."""
+        if isinstance(exc, (InvalidRequest, InvalidOverride)):
+            self.metrics.service_errors.inc()
 
     def _prepare_bytes(self, data: bytes) -> Prepared:
         try:
@@ -282,16 +297,17 @@ class RateLimitService:
         """Match a validated request (see Limiter.prepare) and find its metric counters. Raises
         InvalidOverride."""
         plan = self._limiter.prepare(domain, descriptors, hits_addend)
+        if domain not in plan.config.domains:
+            return Prepared(descriptors, plan, (), hits_addend, self.metrics.domain_not_found(domain))
         counted = []
         for index, (descriptor, status) in enumerate(zip(descriptors, plan.statuses, strict=True)):
-            if status.limit is None:
+            if status.limit is None:  # no limit, an unlimited one, or one replaced: the reference counts nothing
                 continue
             rule = status.rule
-            if rule is None:
-                key = "override"
+            if rule is None:  # the request's own limit
+                key = self.metrics.limit_key(domain, "override", override_key(descriptor.entries))
             else:
-                value = descriptor.entries[-1][1] if descriptor.entries else ""
-                key = self.metrics.key(domain, rule.metric_key, value, rule.detailed_metric or rule.value_to_metric)
+                key = self.metrics.limit_key(domain, rule.metric_key, rule_key(descriptor.entries, rule))
             counted.append((index, self.metrics.counters(domain, key), status.limit.requests_per_unit))
         return Prepared(descriptors, plan, tuple(counted), hits_addend)
 
@@ -300,7 +316,11 @@ class RateLimitService:
     ) -> rls_pb2.RateLimitResponse:
         """Decide a validated request (used by the HTTP API and the in-process client). Raises
         BackendUnavailable and InvalidOverride."""
-        return await self.answer(self.prepare(domain, descriptors, hits_addend), timeout)
+        try:
+            return await self.answer(self.prepare(domain, descriptors, hits_addend), timeout)
+        except UNDECIDED as exc:
+            self.refused(exc)
+            raise
 
     async def answer(self, prepared: Prepared, timeout: float | None = None) -> rls_pb2.RateLimitResponse:
         """Decide ``prepared`` within ``timeout`` seconds, count it in the metrics and build the response.
@@ -329,10 +349,14 @@ class RateLimitService:
         shadow_mode = self._limiter.shadow_mode
         response = build_response(domain, prepared.descriptors, statuses, self._options, shadow_mode,
                                   prepared.hits_addend)
+        if prepared.not_found is not None:
+            prepared.not_found.inc(len(prepared.descriptors))
         for index, counters, limit in prepared.counted:
             status = statuses[index]
-            counters.record(hits=status.hits, limit=limit, over=status.over, shadow=status.shadow or shadow_mode,
-                            remaining=status.remaining)
+            counters.record(hits=status.hits, limit=limit, over=status.over, remaining=status.remaining,
+                            shadow=status.rule is not None and status.rule.shadow_mode, cached=status.cached)
+        if shadow_mode and not admits(statuses, [s.over for s in statuses]):
+            self.metrics.global_shadow_mode.inc()  # SHADOW_MODE turned this request's OVER_LIMIT into OK
         if log.isEnabledFor(logging.DEBUG):
             self._log_decision(domain, prepared.descriptors, response)
         self.metrics.call_latency.observe(time.perf_counter() - started)

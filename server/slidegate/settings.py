@@ -18,6 +18,7 @@ from slidegate.algorithms import Algorithm
 from slidegate.backends.redis_connect import check_url
 from slidegate.failure_modes import FailureMode
 from slidegate.headers import HeaderNames, ResponseHeaders
+from slidegate.statsd import Transport, parse_pairs
 
 DEFAULT_MAX_RECV_MSG_SIZE = 4 * 1024 * 1024  # bytes: gRPC's own default, as envoyproxy/ratelimit's
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|h)?\s*$")
@@ -44,6 +45,22 @@ def _bool(text: str) -> bool:
     if lowered in ("false", "0", "no", "off", ""):
         return False
     raise ValueError(f"{text!r} is not true or false")
+
+
+def _optional_bool(text: str) -> bool | None:
+    """A boolean, or None for an empty value (the setting then follows others)."""
+    return None if not text.strip() else _bool(text)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(filter(None, (part.strip() for part in text.split(","))))
+
+
+def _flush_interval(text: str) -> float:
+    seconds = parse_duration(text)
+    if not 0.001 <= seconds <= 3600:
+        raise ValueError(f"{text!r} must be at least 1 ms and at most 1 h")
+    return seconds
 
 
 def _whole(text: str) -> int:
@@ -278,6 +295,25 @@ SPECS: tuple[Spec, ...] = (
     Spec("limit_reset_header", "LIMIT_RESET_HEADER", "--limit-reset-header", "RateLimit-Reset", _header_name,
          "name of the header telling the seconds until reset"),
     Spec("use_prometheus", "USE_PROMETHEUS", "--use-prometheus", "true", _bool, "serve metrics on /metrics"),
+    Spec("use_statsd", "USE_STATSD", "--use-statsd", "", _optional_bool,
+         "send stats to statsd as envoyproxy/ratelimit does (its default sink); empty: on when STATSD_HOST is set"),
+    Spec("statsd_host", "STATSD_HOST", "--statsd-host", "", str,
+         "statsd (or DogStatsD) host; empty with USE_STATSD=true or USE_DOG_STATSD=true: localhost"),
+    Spec("statsd_port", "STATSD_PORT", "--statsd-port", "8125", _port, "statsd (or DogStatsD) port"),
+    Spec("statsd_protocol", "STATSD_PROTOCOL", "--statsd-protocol", Transport.TCP.value,
+         lambda text: Transport(_choice(*Transport)(text)),
+         "tcp (as the reference's gostats client) or udp; DogStatsD is always sent over udp"),
+    Spec("extra_tags", "EXTRA_TAGS", "--extra-tags", "", parse_pairs,
+         "tags on every stat, k1:v1,k2:v2 (statsd: in the name as .__k1=v1; DogStatsD: as tags)"),
+    Spec("stats_flush_interval", "STATS_FLUSH_INTERVAL", "--stats-flush-interval", "10s", _flush_interval,
+         "how often counters are sent to statsd (timers: every second)"),
+    Spec("disable_stats", "DISABLE_STATS", "--disable-stats", "false", _bool,
+         "send and serve no stats: no statsd, no /metrics"),
+    Spec("use_dog_statsd", "USE_DOG_STATSD", "--use-dog-statsd", "false", _bool,
+         "send stats to DogStatsD (tags as its tags, not in the name) instead of plain statsd"),
+    Spec("use_dog_statsd_mogrifiers", "USE_DOG_STATSD_MOGRIFIERS", "--use-dog-statsd-mogrifiers", "", _names,
+         "DogStatsD mogrifiers to apply, first match wins, each defined by DOG_STATSD_MOGRIFIER_(name)_PATTERN, "
+         "_NAME and _TAGS"),
     Spec("drain_timeout", "DRAIN_TIMEOUT", "--drain-timeout", "10s", _drain,
          "after SIGTERM, how long in-flight calls may take"),
     Spec("workers", "WORKERS", "--workers", "1", _positive_int,
@@ -346,10 +382,34 @@ class Settings:
     limit_remaining_header: str
     limit_reset_header: str
     use_prometheus: bool
+    use_statsd: bool | None
+    statsd_host: str
+    statsd_port: int
+    statsd_protocol: Transport
+    extra_tags: tuple[tuple[str, str], ...]
+    stats_flush_interval: float
+    disable_stats: bool
+    use_dog_statsd: bool
+    use_dog_statsd_mogrifiers: tuple[str, ...]
     drain_timeout: float
     workers: int
     healthy_with_at_least_one_config_loaded: bool
     config_type: str
+
+    @property
+    def statsd_enabled(self) -> bool:
+        """Whether stats go to statsd: USE_DOG_STATSD, or USE_STATSD, or (USE_STATSD unset) a STATSD_HOST given,
+        unless DISABLE_STATS. The reference sends to statsd by default; slidegate, whose default sink is
+        Prometheus, does when asked, and a STATSD_HOST alone asks (a reference operator seldom sets USE_STATSD,
+        its default)."""
+        if self.disable_stats:
+            return False
+        return self.use_dog_statsd or (self.use_statsd if self.use_statsd is not None else bool(self.statsd_host))
+
+    @property
+    def serves_prometheus(self) -> bool:
+        """Whether /metrics is served: USE_PROMETHEUS unless DISABLE_STATS."""
+        return self.use_prometheus and not self.disable_stats
 
     @property
     def response_headers(self) -> ResponseHeaders:
@@ -415,6 +475,9 @@ class Settings:
                     f"invalid settings:\n  --redis-wait-timeout / REDIS_WAIT_TIMEOUT ({self.redis_wait_timeout:g} s) "
                     f"must be shorter than --redis-timeout / REDIS_TIMEOUT ({self.redis_timeout:g} s): the replicas' "
                     "answer has to arrive within the decision's time")
+        if self.use_dog_statsd and self.use_statsd:
+            raise SettingsError("invalid settings:\n  --use-dog-statsd / USE_DOG_STATSD and --use-statsd / USE_STATSD "
+                                "are two statsd sinks: set one of them (as envoyproxy/ratelimit asks)")
         if bool(self.redis_tls_client_cert) != bool(self.redis_tls_client_key):
             raise SettingsError("REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together")
         if self.workers > MAX_WORKERS:

@@ -11,7 +11,8 @@ worker's code, so that the supervisor (Kubernetes, systemd) restarts the whole. 
 killed outright stop by themselves within a second.
 
 Metrics are summed over the workers with prometheus_client's multiprocess mode (a temporary directory in
-PROMETHEUS_MULTIPROC_DIR); with FAILURE_MODE=local each worker decides alone, so each takes its share:
+PROMETHEUS_MULTIPROC_DIR); to statsd each worker sends its own counts, which statsd sums; with
+FAILURE_MODE=local each worker decides alone, so each takes its share:
 LOCAL_LIMIT_REPLICAS is multiplied by WORKERS.
 """
 

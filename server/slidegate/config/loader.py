@@ -272,7 +272,8 @@ _FLAGS = ("shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "sh
 
 
 def _parse_descriptors(
-    f: _File, node: yaml.Node, field: str, level: Level, domain: str, parent: str = ""
+    f: _File, node: yaml.Node, field: str, level: Level, domain: str, parent: str = "",
+    parent_node: DescriptorNode | None = None,
 ) -> None:
     if not isinstance(node, yaml.SequenceNode):
         if node.tag != _NULL:
@@ -300,11 +301,12 @@ def _parse_descriptors(
             key=key, value=value, rate_limit=rate_limit, children=Level(),
             source=f"{f.path}:{item.start_mark.line + 1}",
             pattern=wildcard_pattern(value) if wildcard and value is not None else None,
-            metadata=metadata, metric_key=f"{parent}{key}_{value}" if value else f"{parent}{key}", **flags,
+            metadata=metadata, metric_key=f"{parent}{key}_{value}" if value else f"{parent}{key}",
+            parent=parent_node, **flags,
         )
         if "descriptors" in fields:
             _parse_descriptors(f, fields["descriptors"], f"{here}.descriptors", node_out.children, domain,
-                               f"{node_out.metric_key}.")
+                               f"{node_out.metric_key}.", node_out)
         if not _add(level, node_out):
             composite = f"{key}_{value}" if value else key
             f.issue(item, here, f"duplicate descriptor composite key '{domain}.{composite}'")

@@ -114,6 +114,18 @@ class DescriptorNode:
     value_to_metric: bool = False
     metadata: dict[str, Any] | None = None
     metric_key: str = ""  # the rule's path, as envoyproxy/ratelimit names its stats ("key_value.key2")
+    # the rule whose ``descriptors`` hold this one (None at the top), so that a match knows every level it went
+    # through (slidegate.metric_keys); left out of repr and ==, which would otherwise walk back up the tree
+    parent: DescriptorNode | None = field(default=None, repr=False, compare=False)
+
+    def path(self) -> list[DescriptorNode]:
+        """The rules from the top of the tree down to this one."""
+        nodes: list[DescriptorNode] = []
+        node: DescriptorNode | None = self
+        while node is not None:
+            nodes.append(node)
+            node = node.parent
+        return nodes[::-1]
 
 
 @dataclass(frozen=True, slots=True)
