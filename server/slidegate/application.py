@@ -87,7 +87,8 @@ def make_backend(settings: Settings) -> Backend:
     # only be rejected costs no round trip
     return OverLimitCache(RedisBackend(topology, timeout=settings.redis_timeout, pool_size=settings.redis_pool_size,
                                        breaker=Breaker(), wait_replicas=settings.redis_wait_replicas,
-                                       wait_timeout=settings.redis_wait_timeout))
+                                       wait_timeout=settings.redis_wait_timeout,
+                                       expiry_jitter=settings.expiration_jitter_max_seconds))
 
 
 def _auth(text: str) -> tuple[str | None, str] | None:

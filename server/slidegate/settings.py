@@ -94,6 +94,14 @@ def _wait_timeout(text: str) -> float:
     return seconds
 
 
+def _jitter(text: str) -> int:
+    value = _whole(text)
+    # a day is already far past any window's need; Lua's generator draws from 31 bits of milliseconds
+    if value > 86400:
+        raise ValueError(f"{value} must be at most 86400 (a day)")
+    return value
+
+
 def _drain(text: str) -> float:
     seconds = parse_duration(text)
     if seconds > 3600:
@@ -200,6 +208,9 @@ SPECS: tuple[Spec, ...] = (
     Spec("redis_wait_timeout", "REDIS_WAIT_TIMEOUT", "--redis-wait-timeout", "50ms", _wait_timeout,
          "how long REDIS_WAIT_REPLICAS waits (rounded up to whole ms), at least 1 ms and shorter than "
          "REDIS_TIMEOUT"),
+    Spec("expiration_jitter_max_seconds", "EXPIRATION_JITTER_MAX_SECONDS", "--expiration-jitter-max-seconds", "0",
+         _jitter, "every Redis key expires up to this many seconds later than it must (a random share, whole ms, "
+         "drawn for each key), so that keys written together do not expire together; at most 86400; 0: off"),
     Spec("grpc_host", "GRPC_HOST", "--host", "0.0.0.0", str, "address for gRPC"),
     Spec("grpc_port", "GRPC_PORT", "--grpc-port", "8081", _port, "gRPC port (0: any free port)"),
     Spec("grpc_max_recv_msg_size", "GRPC_MAX_RECV_MSG_SIZE", "--grpc-max-recv-msg-size",
@@ -279,6 +290,7 @@ class Settings:
     redis_timeout: float
     redis_wait_replicas: int
     redis_wait_timeout: float
+    expiration_jitter_max_seconds: int
     grpc_host: str
     grpc_port: int
     grpc_max_recv_msg_size: int

@@ -36,6 +36,7 @@ import hashlib
 import itertools
 import logging
 import math
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -115,13 +116,19 @@ class RedisBackend:
 
     ``wait_replicas``, ``wait_timeout`` (seconds, whole ms, shorter than ``timeout``): see the module
     docstring; not offered on a cluster (ValueError).
+
+    ``expiry_jitter`` (EXPIRATION_JITTER_MAX_SECONDS): every key's expiry is up to this many seconds (whole ms)
+    later, drawn afresh for each key (lua/decide.lua) from a seed ``rng`` gives each script call.
     """
 
     def __init__(self, target: str | Topology, *, timeout: float = 0.25, pool_size: int = 64,
-                 breaker: Breaker | None = None, wait_replicas: int = 0, wait_timeout: float = 0.05) -> None:
+                 breaker: Breaker | None = None, wait_replicas: int = 0, wait_timeout: float = 0.05,
+                 expiry_jitter: float = 0.0, rng: random.Random | None = None) -> None:
         self._topology = target if isinstance(target, Topology) else Topology("single", target)
         self._timeout = timeout
         self._breaker = breaker
+        self._jitter_ms = round(expiry_jitter * 1000)
+        self._rng = rng or random.Random()
         if wait_replicas and self._topology.type == "cluster":
             raise ValueError("waiting for replicas (REDIS_WAIT_REPLICAS) is not offered on a Redis Cluster")
         if wait_replicas and not 0.001 <= wait_timeout < timeout:
@@ -280,6 +287,7 @@ class RedisBackend:
         args: list[str | int] = [clock, 1, -len(checks), self._hold_us]
         for c in checks:
             args += _limit_args(c)
+        args += self._jitter()
         reply = await self._eval(keys, args, until)
         outcomes, unchanged, receipts = [], [], []
         for i in range(1, 1 + 7 * len(checks), 7):
@@ -322,10 +330,15 @@ class RedisBackend:
             args: list[str | int] = [clock, "undo", len(items)]
             for c, (r1, r2) in items:
                 args += (c.algorithm.value, *c.params(), r1, r2)
+            args += self._jitter()
             calls.append(self._eval([c.key for c, _ in items], args, until))
         for result in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(result, BaseException):
                 raise result
+
+    def _jitter(self) -> tuple[int, ...]:
+        """The script's trailing arguments for EXPIRATION_JITTER_MAX_SECONDS: none when it is 0."""
+        return (self._jitter_ms, self._rng.getrandbits(31)) if self._jitter_ms else ()
 
     def _groups(self, checks: Sequence[Check]) -> list[list[int]]:
         """Indexes of ``checks`` grouped by hash slot on a cluster (first-seen order), else one group."""
@@ -352,6 +365,7 @@ class RedisBackend:
                 for c in checks:
                     keys.append(c.key)
                     args += _limit_args(c)
+            args += self._jitter()
             unconfirmed = None
             try:
                 reply = await self._eval(keys, args)
