@@ -83,12 +83,15 @@ def make_backend(settings: Settings) -> Backend:
                          check_hostname=not settings.redis_tls_skip_hostname_verification)
     topology = Topology(settings.redis_type, url, tls=tls, auth=_auth(settings.redis_auth),
                         sentinel_auth=_auth(settings.redis_sentinel_auth))
-    # the breaker: a dead Redis costs microseconds per call, not a timeout each; the cache: a request that can
-    # only be rejected costs no round trip
-    return OverLimitCache(RedisBackend(topology, timeout=settings.redis_timeout, pool_size=settings.redis_pool_size,
-                                       breaker=Breaker(), wait_replicas=settings.redis_wait_replicas,
-                                       wait_timeout=settings.redis_wait_timeout,
-                                       expiry_jitter=settings.expiration_jitter_max_seconds))
+    # the breaker: a dead Redis costs microseconds per call, not a timeout each
+    backend = RedisBackend(topology, timeout=settings.redis_timeout, pool_size=settings.redis_pool_size,
+                           breaker=Breaker(), wait_replicas=settings.redis_wait_replicas,
+                           wait_timeout=settings.redis_wait_timeout,
+                           expiry_jitter=settings.expiration_jitter_max_seconds)
+    if not settings.local_cache_size_in_bytes:
+        return backend
+    # the cache: a request that can only be rejected costs no round trip
+    return OverLimitCache(backend, max_bytes=settings.local_cache_size_in_bytes)
 
 
 def _auth(text: str) -> tuple[str | None, str] | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from slidegate.algorithms import Algorithm
+from slidegate.backends.blocked import DEFAULT_MAX_BYTES, ENTRY_BYTES
 from slidegate.backends.redis_connect import check_url
 from slidegate.failure_modes import FailureMode
 from slidegate.headers import ResponseHeaders
@@ -211,6 +212,10 @@ SPECS: tuple[Spec, ...] = (
     Spec("expiration_jitter_max_seconds", "EXPIRATION_JITTER_MAX_SECONDS", "--expiration-jitter-max-seconds", "0",
          _jitter, "every Redis key expires up to this many seconds later than it must (a random share, whole ms, "
          "drawn for each key), so that keys written together do not expire together; at most 86400; 0: off"),
+    Spec("local_cache_size_in_bytes", "LOCAL_CACHE_SIZE_IN_BYTES", "--local-cache-size-in-bytes",
+         str(DEFAULT_MAX_BYTES), _whole,
+         "memory of each process's over-limit cache (requests known to be over limit are answered without "
+         f"Redis), charged {ENTRY_BYTES} bytes a remembered limit plus its key's size; 0: no cache"),
     Spec("grpc_host", "GRPC_HOST", "--host", "0.0.0.0", str, "address for gRPC"),
     Spec("grpc_port", "GRPC_PORT", "--grpc-port", "8081", _port, "gRPC port (0: any free port)"),
     Spec("grpc_max_recv_msg_size", "GRPC_MAX_RECV_MSG_SIZE", "--grpc-max-recv-msg-size",
@@ -291,6 +296,7 @@ class Settings:
     redis_wait_replicas: int
     redis_wait_timeout: float
     expiration_jitter_max_seconds: int
+    local_cache_size_in_bytes: int
     grpc_host: str
     grpc_port: int
     grpc_max_recv_msg_size: int
