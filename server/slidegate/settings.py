@@ -216,6 +216,10 @@ SPECS: tuple[Spec, ...] = (
          str(DEFAULT_MAX_BYTES), _whole,
          "memory of each process's over-limit cache (requests known to be over limit are answered without "
          f"Redis), charged {ENTRY_BYTES} bytes a remembered limit plus its key's size; 0: no cache"),
+    Spec("grpc_client_tls_san", "GRPC_CLIENT_TLS_SAN", "--grpc-client-tls-san", "", str,
+         "with GRPC_CLIENT_TLS_CACERT: only clients whose certificate carries this SAN (a DNS name, '*.' "
+         "wildcards in the certificate matching one label, or an IP address) are served; others get "
+         "UNAUTHENTICATED"),
     Spec("grpc_host", "GRPC_HOST", "--host", "0.0.0.0", str, "address for gRPC"),
     Spec("grpc_port", "GRPC_PORT", "--grpc-port", "8081", _port, "gRPC port (0: any free port)"),
     Spec("grpc_max_recv_msg_size", "GRPC_MAX_RECV_MSG_SIZE", "--grpc-max-recv-msg-size",
@@ -297,6 +301,7 @@ class Settings:
     redis_wait_timeout: float
     expiration_jitter_max_seconds: int
     local_cache_size_in_bytes: int
+    grpc_client_tls_san: str
     grpc_host: str
     grpc_port: int
     grpc_max_recv_msg_size: int
@@ -373,6 +378,10 @@ class Settings:
         if self.grpc_client_tls_cacert and not self.grpc_server_use_tls:
             raise SettingsError("--grpc-client-tls-cacert / GRPC_CLIENT_TLS_CACERT (mutual TLS) needs "
                                 "--grpc-server-use-tls / GRPC_SERVER_USE_TLS=true")
+        if self.grpc_client_tls_san and not self.grpc_client_tls_cacert:
+            # without client certificates there is no SAN to check: serving everyone would be silent about it
+            raise SettingsError("--grpc-client-tls-san / GRPC_CLIENT_TLS_SAN needs mutual TLS: "
+                                "--grpc-client-tls-cacert / GRPC_CLIENT_TLS_CACERT")
         if self.redis_wait_replicas and self.backend_type == "redis":
             if self.redis_type == "cluster":
                 raise SettingsError("invalid settings:\n  --redis-wait-replicas / REDIS_WAIT_REPLICAS is not offered "
