@@ -209,6 +209,23 @@ SPECS: tuple[Spec, ...] = (
     Spec("redis_wait_timeout", "REDIS_WAIT_TIMEOUT", "--redis-wait-timeout", "50ms", _wait_timeout,
          "how long REDIS_WAIT_REPLICAS waits (rounded up to whole ms), at least 1 ms and shorter than "
          "REDIS_TIMEOUT"),
+    Spec("redis_persecond", "REDIS_PERSECOND", "--redis-persecond", "false", _bool,
+         "keep the limits of one second (unit second, unit_multiplier 1) in a Redis of their own, "
+         "REDIS_PERSECOND_URL; a request with limits in both is still decided all-or-nothing"),
+    Spec("redis_persecond_type", "REDIS_PERSECOND_TYPE", "--redis-persecond-type", "single",
+         _choice("single", "sentinel", "cluster"), "REDIS_TYPE of the per-second Redis"),
+    Spec("redis_persecond_socket_type", "REDIS_PERSECOND_SOCKET_TYPE", "--redis-persecond-socket-type", "tcp",
+         _choice("tcp", "unix"), "REDIS_SOCKET_TYPE of the per-second Redis"),
+    Spec("redis_persecond_url", "REDIS_PERSECOND_URL", "--redis-persecond-url", "", str,
+         "the per-second Redis, in REDIS_URL's forms; needed with REDIS_PERSECOND"),
+    Spec("redis_persecond_auth", "REDIS_PERSECOND_AUTH", "--redis-persecond-auth", "", str,
+         "REDIS_AUTH of the per-second Redis"),
+    Spec("redis_persecond_sentinel_auth", "REDIS_PERSECOND_SENTINEL_AUTH", "--redis-persecond-sentinel-auth", "",
+         str, "REDIS_SENTINEL_AUTH of the per-second Redis's Sentinels"),
+    Spec("redis_persecond_tls", "REDIS_PERSECOND_TLS", "--redis-persecond-tls", "false", _bool,
+         "connect to the per-second Redis with TLS (the REDIS_TLS_* files serve both Redis)"),
+    Spec("redis_persecond_pool_size", "REDIS_PERSECOND_POOL_SIZE", "--redis-persecond-pool-size", "64",
+         _positive_int, "REDIS_POOL_SIZE of the per-second Redis"),
     Spec("expiration_jitter_max_seconds", "EXPIRATION_JITTER_MAX_SECONDS", "--expiration-jitter-max-seconds", "0",
          _jitter, "every Redis key expires up to this many seconds later than it must (a random share, whole ms, "
          "drawn for each key), so that keys written together do not expire together; at most 86400; 0: off"),
@@ -299,6 +316,14 @@ class Settings:
     redis_timeout: float
     redis_wait_replicas: int
     redis_wait_timeout: float
+    redis_persecond: bool
+    redis_persecond_type: str
+    redis_persecond_socket_type: str
+    redis_persecond_url: str
+    redis_persecond_auth: str
+    redis_persecond_sentinel_auth: str
+    redis_persecond_tls: bool
+    redis_persecond_pool_size: int
     expiration_jitter_max_seconds: int
     local_cache_size_in_bytes: int
     grpc_client_tls_san: str
@@ -356,11 +381,12 @@ class Settings:
                 problems.append(f"{spec.flag} / {spec.env} (from the {source}): {exc}")
         if problems:
             raise SettingsError("invalid settings:\n  " + "\n  ".join(problems))
-        url = values["redis_url"].strip()
-        if values["redis_type"] == "single" and url and "://" not in url:
-            # envoyproxy/ratelimit's REDIS_URL: host:port, or a socket path with REDIS_SOCKET_TYPE=unix
-            unix = values["redis_socket_type"] == "unix"
-            values["redis_url"] = "unix://" + os.path.abspath(url) if unix else "redis://" + url
+        for prefix in ("redis", "redis_persecond"):
+            url = values[f"{prefix}_url"].strip()
+            if values[f"{prefix}_type"] == "single" and url and "://" not in url:
+                # envoyproxy/ratelimit's REDIS_URL: host:port, or a socket path with REDIS_SOCKET_TYPE=unix
+                unix = values[f"{prefix}_socket_type"] == "unix"
+                values[f"{prefix}_url"] = "unix://" + os.path.abspath(url) if unix else "redis://" + url
         settings = cls(**values)
         settings.check()
         return settings
@@ -372,6 +398,17 @@ class Settings:
                 check_url(self.redis_url, self.redis_type)
             except ValueError as exc:
                 raise SettingsError(f"invalid settings:\n  --redis-url / REDIS_URL: {exc}") from exc
+        if self.redis_persecond:
+            if self.backend_type != "redis":
+                raise SettingsError("invalid settings:\n  --redis-persecond / REDIS_PERSECOND needs "
+                                    "--backend / BACKEND_TYPE=redis")
+            if not self.redis_persecond_url.strip():
+                raise SettingsError("invalid settings:\n  --redis-persecond / REDIS_PERSECOND needs "
+                                    "--redis-persecond-url / REDIS_PERSECOND_URL (the Redis of the per-second limits)")
+            try:
+                check_url(self.redis_persecond_url, self.redis_persecond_type)
+            except ValueError as exc:
+                raise SettingsError(f"invalid settings:\n  --redis-persecond-url / REDIS_PERSECOND_URL: {exc}") from exc
         if self.grpc_server_use_tls and not (self.grpc_server_tls_cert and self.grpc_server_tls_key):
             raise SettingsError("--grpc-server-use-tls / GRPC_SERVER_USE_TLS needs --grpc-server-tls-cert / "
                                 "GRPC_SERVER_TLS_CERT and --grpc-server-tls-key / GRPC_SERVER_TLS_KEY")

@@ -9,7 +9,9 @@ compensating call that takes back exactly this request's hits. Until it lands th
 (another request may be refused meanwhile); no request is ever admitted beyond a limit. When the compensating
 call fails (a node down), the request stays rejected and the hits it held stay counted: conservative. Hits
 given back (is_negative_hits) never reject and cannot be undone exactly, so in a request that also adds hits
-they are applied only once every slot has admitted it.
+they are applied only once every slot has admitted it. The same protocol decides a request whose limits are
+kept in two Redis (REDIS_PERSECOND, slidegate.backends.persecond: ``decide_spanning``), each place a Redis and,
+on a cluster, a slot of it; one Redis's parts travel in its batches.
 
 Connection errors and timeouts become BackendUnavailable within ``timeout`` seconds (a few ms more at most:
 deadlines share one timer, slidegate.backends.deadlines). Nothing is retried
