@@ -279,3 +279,21 @@ def test_serve_keeps_the_per_second_limits_apart(
             f"{key_prefix}sliding_window_log{{1:s4:team1:t}}"]
     assert f"limits of one second: redis at redis://127.0.0.1:{second_redis.port}" in served.output()
 
+
+def test_the_pipelining_settings_are_accepted_and_the_start_says_they_are_not_used(
+        write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
+    """envoyproxy/ratelimit src/settings/settings.go: REDIS_PIPELINE_WINDOW and REDIS_PIPELINE_LIMIT (and their
+    REDIS_PERSECOND_ twins) tune radix's implicit pipelining (src/redis/driver_impl.go); slidegate batches without
+    them, and says so instead of ignoring them silently."""
+    config = write_config("domain: s\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 9}")
+    served = serve(config, env={"REDIS_PIPELINE_WINDOW": "150us", "REDIS_PERSECOND_PIPELINE_LIMIT": "8",
+                                "REDIS_PIPELINE_LIMIT": "0"})
+    assert served.stub().ShouldRateLimit(request("s", descriptor(("user", "u")))).overall_code == OK
+    lines = [line for line in served.output().splitlines() if "accepted and not used" in line]
+    assert len(lines) == 1 and "WARNING" in lines[0], served.output()
+    assert "REDIS_PIPELINE_WINDOW=150us, REDIS_PERSECOND_PIPELINE_LIMIT=8: accepted and not used" in lines[0]
+    assert "REDIS_PIPELINE_LIMIT=" not in lines[0]  # 0 is the reference's "off": nothing to say
+    unset = serve(config)
+    assert "accepted and not used" not in unset.output()
+    with pytest.raises(SettingsError, match=r"REDIS_PIPELINE_WINDOW \(from the environment\): invalid duration"):
+        Settings.load({"REDIS_PIPELINE_WINDOW": "soon"})

@@ -83,6 +83,13 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
     config, directory, holder, backend = app.holder.current, settings.config_path, app.holder, app.backend
     if not config.domains:
         log.warning("no domain in %s: every request will be answered OK with no limit", directory)
+    unused = settings.unused_pipelining()
+    if unused:
+        # envoyproxy/ratelimit's configs carry them; ignoring them without a word would leave an operator tuning
+        # a knob that does nothing
+        log.warning("%s: accepted and not used: slidegate sends the calls that arrive while others are at Redis "
+                    "together in the next round trip, with no timer or count to tune (docs/configuration.md)",
+                    ", ".join(unused))
     credentials = None
     if settings.grpc_server_use_tls:
         credentials = server_credentials(settings.grpc_server_tls_cert, settings.grpc_server_tls_key,

@@ -103,6 +103,28 @@ def _jitter(text: str) -> int:
     return value
 
 
+def _pipeline_window(text: str) -> float:
+    seconds = parse_duration(text)
+    if seconds > 60:
+        raise ValueError(f"{text!r} must be at most 60 s")
+    return seconds
+
+
+def _duration_text(seconds: float) -> str:
+    """``seconds`` as a duration setting would say it: 250ms, 2s, 150us."""
+    for unit, size in (("s", 1.0), ("ms", 1e-3)):
+        whole = round(seconds / size)
+        if whole >= 1 and abs(seconds / size - whole) < 1e-9:
+            return f"{whole}{unit}"
+    return f"{seconds * 1e6:g}us"
+
+
+# why the REDIS_PIPELINE_* settings change nothing (their help, and the start-up's log line when they are set)
+_PIPELINING = ("slidegate sends the calls that arrive while others are at Redis together in the next round trip, "
+               "with no timer and no count to tune (a timer-based coalescer lost 20% of throughput); a value other "
+               "than 0 is logged at start")
+
+
 def _drain(text: str) -> float:
     seconds = parse_duration(text)
     if seconds > 3600:
@@ -226,6 +248,14 @@ SPECS: tuple[Spec, ...] = (
          "connect to the per-second Redis with TLS (the REDIS_TLS_* files serve both Redis)"),
     Spec("redis_persecond_pool_size", "REDIS_PERSECOND_POOL_SIZE", "--redis-persecond-pool-size", "64",
          _positive_int, "REDIS_POOL_SIZE of the per-second Redis"),
+    Spec("redis_pipeline_window", "REDIS_PIPELINE_WINDOW", "--redis-pipeline-window", "0", _pipeline_window,
+         f"accepted from envoyproxy/ratelimit's configs, not used: {_PIPELINING}"),
+    Spec("redis_pipeline_limit", "REDIS_PIPELINE_LIMIT", "--redis-pipeline-limit", "0", _whole,
+         f"accepted from envoyproxy/ratelimit's configs, not used: {_PIPELINING}"),
+    Spec("redis_persecond_pipeline_window", "REDIS_PERSECOND_PIPELINE_WINDOW", "--redis-persecond-pipeline-window",
+         "0", _pipeline_window, "REDIS_PIPELINE_WINDOW of the per-second Redis: not used either"),
+    Spec("redis_persecond_pipeline_limit", "REDIS_PERSECOND_PIPELINE_LIMIT", "--redis-persecond-pipeline-limit",
+         "0", _whole, "REDIS_PIPELINE_LIMIT of the per-second Redis: not used either"),
     Spec("expiration_jitter_max_seconds", "EXPIRATION_JITTER_MAX_SECONDS", "--expiration-jitter-max-seconds", "0",
          _jitter, "every Redis key expires up to this many seconds later than it must (a random share, whole ms, "
          "drawn for each key), so that keys written together do not expire together; at most 86400; 0: off"),
@@ -324,6 +354,10 @@ class Settings:
     redis_persecond_sentinel_auth: str
     redis_persecond_tls: bool
     redis_persecond_pool_size: int
+    redis_pipeline_window: float
+    redis_pipeline_limit: int
+    redis_persecond_pipeline_window: float
+    redis_persecond_pipeline_limit: int
     expiration_jitter_max_seconds: int
     local_cache_size_in_bytes: int
     grpc_client_tls_san: str
@@ -352,6 +386,15 @@ class Settings:
     use_prometheus: bool
     drain_timeout: float
     workers: int
+
+    def unused_pipelining(self) -> list[str]:
+        """The REDIS_PIPELINE_* settings given a value other than 0, as ``NAME=value``: accepted and not used
+        (see their help), which the start-up says."""
+        given = [("REDIS_PIPELINE_WINDOW", _duration_text(self.redis_pipeline_window)),
+                 ("REDIS_PIPELINE_LIMIT", str(self.redis_pipeline_limit)),
+                 ("REDIS_PERSECOND_PIPELINE_WINDOW", _duration_text(self.redis_persecond_pipeline_window)),
+                 ("REDIS_PERSECOND_PIPELINE_LIMIT", str(self.redis_persecond_pipeline_limit))]
+        return [f"{name}={text}" for name, text in given if text not in ("0", "0us")]
 
     @property
     def response_headers(self) -> ResponseHeaders:
