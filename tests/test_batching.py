@@ -75,6 +75,7 @@ async def test_a_caller_gone_before_its_batch_leaves_is_not_sent() -> None:
 
 
 async def test_a_settling_caller_waits_for_the_batch_it_went_in_but_not_to_be_sent() -> None:
+    """No counterpart in envoyproxy/ratelimit (src/redis/driver_impl.go's pipelines have no undo to settle)."""
     # settle (a part of a request that may have to be undone): its time bounds the wait to be sent; once sent, the
     # answer is what it needs, however late, since what it wrote is undone from it
     recorder = Recorder()

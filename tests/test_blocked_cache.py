@@ -132,6 +132,8 @@ async def test_hits_given_back_make_room_at_once(
 
 async def test_long_keys_are_bounded_by_their_size(
         write_config: Callable[..., Path], private_redis: RedisServer, clock: Clock) -> None:
+    """envoyproxy/ratelimit's freecache (src/limiter/base_limiter.go) holds at most LOCAL_CACHE_SIZE_IN_BYTES;
+    here keys of the longest values, each charged its own size, stay within the bytes given."""
     config = load_directory(write_config(config_text(1)))
     backend = OverLimitCache(RedisBackend(private_redis.url, timeout=0.2), max_bytes=6_000)
     limiter = Limiter(lambda: config, backend, clock=clock)
@@ -179,7 +181,8 @@ async def test_the_bytes_charged_cover_the_memory_taken(redis_url: str, key_pref
 
 
 async def test_a_size_of_zero_means_no_cache() -> None:
-    # LOCAL_CACHE_SIZE_IN_BYTES=0 is envoyproxy/ratelimit's "no local cache" (src/settings/settings.go)
+    """envoyproxy/ratelimit src/service_cmd/runner/runner.go makes a local cache only when LOCAL_CACHE_SIZE_IN_BYTES
+    is not 0; here 0 builds no OverLimitCache, and any other size bounds it."""
     plain = make_backend(Settings.load({}, {"local_cache_size_in_bytes": "0"}))
     cached = make_backend(Settings.load({}, {"local_cache_size_in_bytes": "1000000"}))
     default = make_backend(Settings.load({}))

@@ -67,14 +67,16 @@ async def test_expiries_spread_between_the_base_and_the_base_plus_the_jitter(
 
 
 async def test_without_jitter_no_key_outlives_its_need(redis_url: str, key_prefix: str, client: redis.Redis) -> None:
-    # the default: a 5 s log's key lives exactly its window after the hit
+    """envoyproxy/ratelimit src/redis/fixed_cache_impl.go adds no jitter when EXPIRATION_JITTER_MAX_SECONDS is 0,
+    slidegate's default: a 5 s log's key lives exactly its window after the hit."""
     await write(redis_url, 0, key_prefix, Algorithm.SLIDING_WINDOW_LOG, 3)
     assert all(4000 < client.pttl(c.key) <= 5000 for c in checks(key_prefix, Algorithm.SLIDING_WINDOW_LOG))
 
 
 async def test_a_rejected_request_renews_with_the_jitter_too(
         redis_url: str, key_prefix: str, client: redis.Redis) -> None:
-    # a token bucket's key is renewed by a rejected request (keep: extend_us), each key with its own share
+    """envoyproxy/ratelimit src/redis/fixed_cache_impl.go jitters every EXPIRE it sends; here also the renewal a
+    rejected request makes of a token bucket's key (keep: extend_us), each key with its own share."""
     buckets = [Check(f"{key_prefix}b{i}", 1, 20_000_000, 1, Algorithm.TOKEN_BUCKET) for i in range(40)]
     backend = RedisBackend(redis_url, timeout=2, expiry_jitter=JITTER, rng=random.Random(4))
     try:
@@ -89,6 +91,7 @@ async def test_a_rejected_request_renews_with_the_jitter_too(
 
 
 def test_the_setting_is_whole_seconds_up_to_a_day() -> None:
+    """envoyproxy/ratelimit src/settings/settings.go: EXPIRATION_JITTER_MAX_SECONDS, an int64 of seconds."""
     assert Settings.load({}).expiration_jitter_max_seconds == 0
     assert Settings.load({"EXPIRATION_JITTER_MAX_SECONDS": "300"}).expiration_jitter_max_seconds == 300
     for bad, message in (("86401", "must be at most 86400"), ("1.5", "is not a whole number"),

@@ -140,7 +140,8 @@ async def test_a_request_rejected_by_one_redis_leaves_no_hits_in_the_other(
 
 
 async def test_fixed_windows_that_count_denied_hits_keep_them_as_in_one_redis(start: Start) -> None:
-    # envoyproxy/ratelimit's fixed window counts every hit, admitted or not: in two Redis as in one
+    """envoyproxy/ratelimit src/redis/fixed_cache_impl.go INCRBYs every key, admitted or not; a fixed window that
+    counts denied hits (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false) keeps them in two Redis as in one."""
     results = []
     for persecond in ("true", "false"):
         app = await start(2, 5, FIXED, redis_persecond=persecond)
@@ -154,6 +155,9 @@ async def test_fixed_windows_that_count_denied_hits_keep_them_as_in_one_redis(st
 @pytest.mark.parametrize(("algorithm", "stop_when_over"), UNDONE)
 async def test_concurrent_requests_spanning_both_admit_exactly_the_limits(
         start: Start, algorithm: Algorithm, stop_when_over: bool) -> None:
+    """envoyproxy/ratelimit src/redis/fixed_cache_impl.go pipelines each Redis's INCRBYs apart, so concurrent
+    requests over both can count past a limit they were refused by; here every limit counts exactly what it
+    admitted."""
     # 20 clients of 3 a second each, 40 a minute for the org: rounds of 100 concurrent requests (5 a client, in a
     # new order each round) until the org is full; a request may hold room another is refused for until it is
     # undone, but every limit ends counting exactly the requests it admitted, and the org exactly its limit
@@ -175,6 +179,9 @@ async def test_concurrent_requests_spanning_both_admit_exactly_the_limits(
 
 async def test_a_redis_that_is_down_gives_the_failure_mode_to_the_requests_that_need_it(
         start: Start, second_redis: RedisServer) -> None:
+    """envoyproxy/ratelimit src/redis/cache_impl.go gives each Redis its own client (pool, stats); a Redis that is
+    down fails the requests whose keys it holds (fixed_cache_impl.go's checkError). Here: the failure mode, with
+    each Redis's own breaker, and never over a live limit that said no."""
     app = await start(5, 3, failure_mode=FailureMode.ALLOW.value)
     assert admitted(await app.limiter.should_rate_limit("p", both("c0", "acme")))
     second_redis.stop()
@@ -204,6 +211,8 @@ async def test_a_redis_that_is_down_gives_the_failure_mode_to_the_requests_that_
 
 async def test_with_the_main_redis_down_the_error_failure_mode_refuses_what_needs_it(
         start: Start, private_redis: RedisServer) -> None:
+    """The other way round (envoyproxy/ratelimit src/redis/fixed_cache_impl.go: the main client's pipeline
+    failing): FAILURE_MODE=error refuses what needs the main Redis, after undoing the per-second share."""
     app = await start(2, 10, failure_mode=FailureMode.ERROR.value)
     assert admitted(await app.limiter.should_rate_limit("p", both("c0", "acme")))
     private_redis.stop()
@@ -220,6 +229,8 @@ async def test_with_the_main_redis_down_the_error_failure_mode_refuses_what_need
 
 async def test_a_caller_that_stops_waiting_does_not_stop_the_undo(
         start: Start, second_redis: RedisServer) -> None:
+    """No counterpart in envoyproxy/ratelimit (src/redis/fixed_cache_impl.go never undoes); as a request spanning
+    cluster slots here (tests/test_cluster_all_or_nothing.py), across two Redis."""
     # the org is full; the per-second Redis is paused, so the caller (20 ms) gives up while its per-second share is
     # still to be answered: when that Redis admits it at last, it is taken back all the same, the main Redis having
     # rejected the request
@@ -260,6 +271,8 @@ def test_the_settings_of_the_per_second_redis() -> None:
 def test_serve_keeps_the_per_second_limits_apart(
         write_config: Callable[..., Path], serve: Callable[..., Served], redis_url: str, key_prefix: str,
         second_redis: RedisServer) -> None:
+    """envoyproxy/ratelimit src/service_cmd/runner/runner.go builds the cache from the settings
+    (src/redis/cache_impl.go: a per-second client when REDIS_PERSECOND); `slidegate serve` from the environment."""
     config = write_config("""
         domain: s
         descriptors:

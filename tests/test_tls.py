@@ -218,6 +218,8 @@ async def test_grpc_client_tls_san_refuses_every_call_of_a_certificate_without_i
 
 def test_grpc_client_tls_san_is_served_and_needs_mutual_tls(
         tmp_path: Path, write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
+    """envoyproxy/ratelimit src/settings/settings.go GRPC_CLIENT_TLS_SAN, used by src/server/server_impl.go only
+    with client certificates (GRPC_CLIENT_TLS_CACERT)."""
     authority = Authority(tmp_path, "ca")
     cert, key = authority.issue("server")
     served = serve(write_config(CONFIG), "--grpc-server-use-tls", "true", "--grpc-server-tls-cert", str(cert),
