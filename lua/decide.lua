@@ -35,6 +35,12 @@
 -- receipt names, as if that request had never come, or a lower bound of it where that is not known (then it
 -- never gives back more than the request took: the undo can only err towards counting too much). Reply: for
 -- each limit 1 when something was taken back, else 0.
+--
+-- After the last request (or the last limit to undo), two more arguments may follow: J and a seed. Every
+-- expiry this call sets is then up to J milliseconds longer (EXPIRATION_JITTER_MAX_SECONDS), drawn for each
+-- key from a generator the seed starts, so that keys written at once (an epoch-aligned fixed window's, above
+-- all) do not expire at once. A key living longer changes no answer: each algorithm reads its state by the
+-- times stored in it, never by whether the key is still there. Without them (or with J = 0) no jitter.
 
 local algorithms = {}
 
@@ -43,19 +49,26 @@ local function fmt(x)
   return string.format('%.0f', x)
 end
 
--- Expire `key` after `us` microseconds, in whole milliseconds rounded up (at least 1 ms).
+local jitter_ms = 0  -- J, set below once the arguments are read
+
+-- Expire `key` after `us` microseconds, in whole milliseconds rounded up (at least 1 ms), plus the jitter.
 local function pexpire_us(key, us)
   local ms = math.ceil(us / 1000)
   if ms < 1 then ms = 1 end
+  if jitter_ms > 0 then ms = ms + math.random(0, jitter_ms) end
   redis.call('PEXPIRE', key, fmt(ms))
 end
 
--- Make `key` live at least `us` more microseconds (never less: a key may rightly outlive its last hit).
+-- Make `key` live at least `us` more microseconds (never less: a key may rightly outlive its last hit); when
+-- it must be extended, the jitter is added as by pexpire_us.
 local function extend_us(key, us)
   local ms = math.ceil(us / 1000)
   if ms < 1 then ms = 1 end
   local ttl = redis.call('PTTL', key)
-  if ttl == -1 or (ttl >= 0 and ttl < ms) then redis.call('PEXPIRE', key, fmt(ms)) end
+  if ttl == -1 or (ttl >= 0 and ttl < ms) then
+    if jitter_ms > 0 then ms = ms + math.random(0, jitter_ms) end
+    redis.call('PEXPIRE', key, fmt(ms))
+  end
 end
 
 --@@ALGORITHMS@@
@@ -66,6 +79,23 @@ if ARGV[1] ~= '' then
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- J and the seed, after the requests' (or the undo's) arguments
+local tail
+if ARGV[2] == 'undo' then
+  tail = 4 + 6 * tonumber(ARGV[3])
+else
+  tail = 3
+  for _ = 1, tonumber(ARGV[2]) do
+    local n = tonumber(ARGV[tail])
+    if n < 0 then tail = tail + 2 - 6 * n else tail = tail + 1 + 6 * n end
+  end
+end
+if ARGV[tail + 1] then
+  jitter_ms = tonumber(ARGV[tail])
+  -- the caller's seed: Redis before 7 starts every script call's generator from the same one
+  if jitter_ms > 0 then math.randomseed(tonumber(ARGV[tail + 1])) end
 end
 
 -- Decide the request whose limits are KEYS[k0 + 1 .. k0 + n] and whose arguments start at ARGV[a0 + 1];

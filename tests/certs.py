@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography import x509
@@ -34,18 +35,25 @@ class Authority:
                 .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
                 .not_valid_after(now + datetime.timedelta(days=1)))
 
-    def issue(self, name: str) -> tuple[Path, Path]:
-        """A certificate for ``name`` valid for localhost and 127.0.0.1; returns (cert file, key file)."""
+    def issue(self, name: str, sans: Sequence[str] = ("localhost", "127.0.0.1")) -> tuple[Path, Path]:
+        """A certificate for ``name`` (its common name) whose subject alternative names are ``sans`` (IP addresses
+        and DNS names; none: no SAN extension); returns (cert file, key file)."""
         key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        cert = (
-            self._builder(subject, key.public_key())
-            .add_extension(x509.SubjectAlternativeName([
-                x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .sign(self.key, hashes.SHA256())
-        )
+        builder = self._builder(subject, key.public_key())
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName([_general_name(n) for n in sans]),
+                                            critical=False)
+        cert = builder.sign(self.key, hashes.SHA256())
         cert_file, key_file = self.directory / f"{name}.crt", self.directory / f"{name}.key"
         cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                serialization.NoEncryption()))
         return cert_file, key_file
+
+
+def _general_name(text: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(text))
+    except ValueError:
+        return x509.DNSName(text)

@@ -74,6 +74,24 @@ async def test_a_caller_gone_before_its_batch_leaves_is_not_sent() -> None:
     assert recorder.batches == [[1], [3]]
 
 
+async def test_a_settling_caller_waits_for_the_batch_it_went_in_but_not_to_be_sent() -> None:
+    """No counterpart in envoyproxy/ratelimit (src/redis/driver_impl.go's pipelines have no undo to settle)."""
+    # settle (a part of a request that may have to be undone): its time bounds the wait to be sent; once sent, the
+    # answer is what it needs, however late, since what it wrote is undone from it
+    recorder = Recorder()
+    batcher = Batcher(recorder.send, max_in_flight=1)
+    sent = asyncio.create_task(batcher.submit(1, 0.02, settle=True))
+    unsent = asyncio.create_task(batcher.submit(2, 0.02, settle=True))
+    plain = asyncio.create_task(batcher.submit(3, 0.02))
+    await asyncio.sleep(0.05)
+    assert unsent.done() and isinstance(unsent.exception(), TimeoutError)  # never sent
+    assert plain.done() and isinstance(plain.exception(), TimeoutError)
+    assert not sent.done()  # sent: it waits for its batch's answer
+    recorder.release.set()
+    assert await sent == 10
+    assert recorder.batches == [[1]]
+
+
 async def test_a_batch_that_left_runs_to_the_end_and_holds_its_place() -> None:
     # a caller giving up (Envoy's deadline) must not cut its batch short: the batch keeps its place in flight
     # until Redis answers, so a slow Redis never has more than max_in_flight batches queued by one service

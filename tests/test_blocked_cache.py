@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import sys
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from slidegate.algorithms import Algorithm
+from slidegate.application import make_backend
+from slidegate.backends import blocked
 from slidegate.backends.base import BackendUnavailable, Check
-from slidegate.backends.blocked import OverLimitCache
+from slidegate.backends.blocked import ENTRY_BYTES, OverLimitCache, entry_bytes
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import load_directory
+from slidegate.keys import limit_key
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions
+from slidegate.settings import Settings
 from slidegate.text import MAX_TEXT_CHARS
 from tests.conftest import Clock
 from tests.redis_servers import RedisServer
+
+NOW = 1_700_000_000_000_000
 
 
 def config_text(limit: int) -> str:
@@ -124,22 +132,67 @@ async def test_hits_given_back_make_room_at_once(
 
 async def test_long_keys_are_bounded_by_their_size(
         write_config: Callable[..., Path], private_redis: RedisServer, clock: Clock) -> None:
+    """envoyproxy/ratelimit's freecache (src/limiter/base_limiter.go) holds at most LOCAL_CACHE_SIZE_IN_BYTES;
+    here keys of the longest values, each charged its own size, stay within the bytes given."""
     config = load_directory(write_config(config_text(1)))
-    backend = OverLimitCache(RedisBackend(private_redis.url, timeout=0.2), max_key_chars=2_000)
+    backend = OverLimitCache(RedisBackend(private_redis.url, timeout=0.2), max_bytes=6_000)
     limiter = Limiter(lambda: config, backend, clock=clock)
     value = "x" * MAX_TEXT_CHARS  # the longest value kept whole in a key
     try:
-        for i in range(40):  # 40 limits over their limit: about 6 KB of keys
+        for i in range(40):  # 40 limits over their limit: each charged about 520 bytes
             for _ in range(2):
                 await limiter.should_rate_limit("c", [Descriptor((("k", f"{i:02}" + value[2:]),))])
-            assert 0 < backend._key_chars <= 2_000
-            assert backend._key_chars == sum(len(key) for key in backend._blocked)
+            assert 0 < backend._bytes <= 6_000
+            assert backend._bytes == sum(entry_bytes(key) for key in backend._blocked)
         remembered = len(backend._blocked)
-        assert 0 < remembered < 15
+        assert 0 < remembered < 12
         [over] = await limiter.should_rate_limit("c", [Descriptor((("k", "39" + value[2:]),))])
         assert over.over  # the newest is still answered
     finally:
         await backend.close()
+
+
+async def test_the_bytes_charged_cover_the_memory_taken(redis_url: str, key_prefix: str) -> None:
+    """envoyproxy/ratelimit sizes its local cache in bytes (LOCAL_CACHE_SIZE_IN_BYTES, src/settings/settings.go;
+    freecache in src/limiter/base_limiter.go); here the bytes charged per limit must not be fewer than Python
+    takes for it (tracemalloc, the cache's own allocations), nor more than twice as many."""
+    backend = OverLimitCache(RedisBackend(redis_url, timeout=5))
+    # envoyproxy/ratelimit's usual key shapes, an address and a path; limits whose numbers are not small ints,
+    # each taken whole by one request, so that the next is over
+    checks = [Check(limit_key(key_prefix, "sliding_window_log", "edge",
+                              [("remote_address", f"10.1.{i // 250}.{i % 250}"), ("path", "/api/v1/users")]),
+                    1000 + i, 60_000_000, 1000 + i) for i in range(5000)]
+    try:
+        assert (await backend.decide(checks, NOW)).admitted
+        tracemalloc.start()
+        try:
+            assert not (await backend.decide(checks, NOW)).admitted  # every limit is over: each one remembered
+            taken = sum(stat.size for stat in tracemalloc.take_snapshot().filter_traces(
+                [tracemalloc.Filter(True, blocked.__file__)]).statistics("filename"))
+        finally:
+            tracemalloc.stop()
+        assert len(backend._blocked) == len(checks)
+        charged = backend._bytes - sum(sys.getsizeof(c.key) for c in checks)  # the keys are the request's own
+        assert charged == len(checks) * ENTRY_BYTES
+        assert charged / 2 <= taken <= charged, (taken, charged)
+        assert (await backend.decide(checks, NOW)).cached
+    finally:
+        await backend.close()
+
+
+async def test_a_size_of_zero_means_no_cache() -> None:
+    """envoyproxy/ratelimit src/service_cmd/runner/runner.go makes a local cache only when LOCAL_CACHE_SIZE_IN_BYTES
+    is not 0; here 0 builds no OverLimitCache, and any other size bounds it."""
+    plain = make_backend(Settings.load({}, {"local_cache_size_in_bytes": "0"}))
+    cached = make_backend(Settings.load({}, {"local_cache_size_in_bytes": "1000000"}))
+    default = make_backend(Settings.load({}))
+    try:
+        assert isinstance(plain, RedisBackend)
+        assert isinstance(cached, OverLimitCache) and cached._max_bytes == 1_000_000
+        assert isinstance(default, OverLimitCache) and default._max_bytes == 32 * 1024 * 1024
+    finally:
+        for backend in (plain, cached, default):
+            await backend.close()
 
 
 async def test_hits_given_back_under_another_version_of_the_limit_forget_it_too(

@@ -13,6 +13,7 @@ from slidegate.backends.base import Backend
 from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.breaker import Breaker
 from slidegate.backends.memory import MemoryBackend
+from slidegate.backends.persecond import PerSecondBackend
 from slidegate.backends.redis import RedisBackend, TlsOptions, Topology
 from slidegate.config import LoadOptions, load_directory
 from slidegate.failure_modes import FailureMode
@@ -91,24 +92,43 @@ def make_backend(settings: Settings) -> Backend:
     that does not exist."""
     if settings.backend_type == "memory":
         return MemoryBackend()
-    url = settings.redis_url
-    if settings.redis_type == "single" and settings.redis_tls and url.startswith("redis://"):
-        url = "rediss://" + url.removeprefix("redis://")
     for name in ("redis_tls_cacert", "redis_tls_client_cert", "redis_tls_client_key"):
         file = getattr(settings, name)
         if file and not Path(file).is_file():
             raise ValueError(f"{name.upper()}: no such file {file!r}")
+    main = _redis(settings, settings.redis_type, settings.redis_url, settings.redis_tls, settings.redis_auth,
+                  settings.redis_sentinel_auth, settings.redis_pool_size, settings.redis_wait_replicas)
+    backend: Backend = main
+    if settings.redis_persecond:
+        # REDIS_WAIT_REPLICAS is the main Redis's: a per-second Redis is often a lone node, and a failover loses
+        # at most a second's worth of counts there
+        backend = PerSecondBackend(main, _redis(
+            settings, settings.redis_persecond_type, settings.redis_persecond_url, settings.redis_persecond_tls,
+            settings.redis_persecond_auth, settings.redis_persecond_sentinel_auth,
+            settings.redis_persecond_pool_size, 0))
+    if not settings.local_cache_size_in_bytes:
+        return backend
+    # the cache: a request that can only be rejected costs no round trip (one cache for both Redis of
+    # REDIS_PERSECOND: a limit's key is kept in one of them only, so two caches would hold the same entries)
+    return OverLimitCache(backend, max_bytes=settings.local_cache_size_in_bytes)
+
+
+def _redis(settings: Settings, redis_type: str, url: str, use_tls: bool, auth: str, sentinel_auth: str,
+           pool_size: int, wait_replicas: int) -> RedisBackend:
+    """One Redis: the main one (REDIS_*) or the per-second one (REDIS_PERSECOND_*), which share the TLS files,
+    the timeout and the expiry jitter, as in envoyproxy/ratelimit."""
+    if redis_type == "single" and use_tls and url.startswith("redis://"):
+        url = "rediss://" + url.removeprefix("redis://")
     tls = None
-    if settings.redis_tls or url.startswith("rediss://"):
+    if use_tls or url.startswith("rediss://"):
         tls = TlsOptions(settings.redis_tls_cacert, settings.redis_tls_client_cert, settings.redis_tls_client_key,
                          check_hostname=not settings.redis_tls_skip_hostname_verification)
-    topology = Topology(settings.redis_type, url, tls=tls, auth=_auth(settings.redis_auth),
-                        sentinel_auth=_auth(settings.redis_sentinel_auth))
-    # the breaker: a dead Redis costs microseconds per call, not a timeout each; the cache: a request that can
-    # only be rejected costs no round trip
-    return OverLimitCache(RedisBackend(topology, timeout=settings.redis_timeout, pool_size=settings.redis_pool_size,
-                                       breaker=Breaker(), wait_replicas=settings.redis_wait_replicas,
-                                       wait_timeout=settings.redis_wait_timeout))
+    topology = Topology(redis_type, url, tls=tls, auth=_auth(auth), sentinel_auth=_auth(sentinel_auth))
+    # the breaker, one per Redis: a dead Redis costs microseconds per call, not a timeout each, and only to the
+    # calls that need it
+    return RedisBackend(topology, timeout=settings.redis_timeout, pool_size=pool_size, breaker=Breaker(),
+                        wait_replicas=wait_replicas, wait_timeout=settings.redis_wait_timeout,
+                        expiry_jitter=settings.expiration_jitter_max_seconds)
 
 
 def _auth(text: str) -> tuple[str | None, str] | None:

@@ -4,7 +4,8 @@ slidegate does about it and why. `slidegate serve` names each one that is set in
 operator who moves their environment over learns what it no longer does. tests/test_reference_env.py keeps the
 two lists whole and apart, and docs/migrating.md shows them.
 
-The list is the reference's src/settings/settings.go (commit 00e75e6) and QUOTA_MODE.
+The list is the reference's newest src/settings/settings.go stored for us, with PROTO of earlier versions and
+QUOTA_MODE.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ REFERENCE_VARIABLES = (
     "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "CONFIG_GRPC_XDS_SERVER_USE_TLS", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
     "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
     "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "XDS_CLIENT_BACKOFF_MAX_INTERVAL", "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
-    "XDS_CLIENT_BACKOFF_JITTER", "USE_DOG_STATSD", "USE_DOG_STATSD_MOGRIFIERS", "USE_STATSD", "STATSD_HOST",
+    "XDS_CLIENT_BACKOFF_JITTER", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "USE_DOG_STATSD", "USE_DOG_STATSD_MOGRIFIERS",
+    "USE_STATSD", "STATSD_HOST",
     "STATSD_PORT", "EXTRA_TAGS", "STATS_FLUSH_INTERVAL", "DISABLE_STATS", "USE_PROMETHEUS", "PROMETHEUS_ADDR",
     "PROMETHEUS_PATH", "PROMETHEUS_MAPPER_YAML", "RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY",
     "RUNTIME_IGNOREDOTFILES", "RUNTIME_WATCH_ROOT", "EXPIRATION_JITTER_MAX_SECONDS", "LOCAL_CACHE_SIZE_IN_BYTES",
@@ -44,12 +46,16 @@ REFERENCE_VARIABLES = (
     "LIMIT_RESPONSE_HEADERS_ENABLED", "LIMIT_LIMIT_HEADER", "LIMIT_REMAINING_HEADER", "LIMIT_RESET_HEADER",
     "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "REDIS_SOCKET_TYPE", "REDIS_TYPE", "REDIS_URL", "REDIS_POOL_SIZE",
     "REDIS_AUTH", "REDIS_TLS", "REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "REDIS_TLS_CACERT",
-    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "REDIS_PIPELINE_WINDOW", "REDIS_PIPELINE_LIMIT", "REDIS_PERSECOND",
+    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "REDIS_PIPELINE_WINDOW", "REDIS_PIPELINE_LIMIT",
+    "REDIS_USE_EXPLICIT_PIPELINE", "REDIS_PERSECOND",
     "REDIS_PERSECOND_SOCKET_TYPE", "REDIS_PERSECOND_TYPE", "REDIS_PERSECOND_URL", "REDIS_PERSECOND_POOL_SIZE",
-    "REDIS_PERSECOND_AUTH", "REDIS_PERSECOND_TLS", "REDIS_PERSECOND_PIPELINE_WINDOW", "REDIS_PERSECOND_PIPELINE_LIMIT",
-    "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "MEMCACHE_HOST_PORT", "MEMCACHE_MAX_IDLE_CONNS", "MEMCACHE_SRV",
+    "REDIS_PERSECOND_AUTH", "REDIS_PERSECOND_TLS", "REDIS_SENTINEL_AUTH", "REDIS_PERSECOND_SENTINEL_AUTH",
+    "REDIS_PERSECOND_PIPELINE_WINDOW", "REDIS_PERSECOND_PIPELINE_LIMIT", "REDIS_PERSECOND_USE_EXPLICIT_PIPELINE",
+    "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "REDIS_TIMEOUT", "REDIS_PERSECOND_TIMEOUT", "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", "MEMCACHE_HOST_PORT", "MEMCACHE_MAX_IDLE_CONNS", "MEMCACHE_SRV",
     "MEMCACHE_SRV_REFRESH", "MEMCACHE_TLS", "MEMCACHE_TLS_CLIENT_CERT", "MEMCACHE_TLS_CLIENT_KEY",
     "MEMCACHE_TLS_CACERT", "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", "SHADOW_MODE", "QUOTA_MODE",
+    "RESPONSE_DYNAMIC_METADATA",
     "MERGE_DOMAIN_CONFIG", "TRACING_ENABLED", "TRACING_SERVICE_NAME", "TRACING_SERVICE_NAMESPACE",
     "TRACING_SERVICE_INSTANCE_ID", "TRACING_EXPORTER_PROTOCOL", "TRACING_SAMPLING_RATE",
 )
@@ -79,29 +85,21 @@ UNREAD: dict[str, Unread] = {
     "XDS_CLIENT_BACKOFF_MAX_INTERVAL": _XDS,
     "XDS_CLIENT_BACKOFF_RANDOM_FACTOR": _XDS,
     "XDS_CLIENT_BACKOFF_JITTER": _XDS,
+    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES": _XDS,
     "PROMETHEUS_ADDR": Unread(Handling.MAPPED, "/metrics is served on the debug listener (DEBUG_HOST:DEBUG_PORT) "
                                                "and the HTTP one, not on a listener of its own"),
     "PROMETHEUS_PATH": Unread(Handling.MAPPED, "the path is /metrics"),
     "PROMETHEUS_MAPPER_YAML": Unread(Handling.MAPPED, "the Prometheus names are fixed, those the reference's "
                                                       "default mapper gives; statsd gets the reference's own"),
     "RUNTIME_IGNOREDOTFILES": Unread(Handling.MAPPED, "always: hidden files never load"),
-    "EXPIRATION_JITTER_MAX_SECONDS": Unread(Handling.IGNORED, "keys expire when their limit no longer needs them"),
-    "LOCAL_CACHE_SIZE_IN_BYTES": Unread(Handling.MAPPED, "the over-limit cache is always on, bounded by entries"),
-    "REDIS_PIPELINE_WINDOW": Unread(Handling.MAPPED, "calls that arrive while a script call is in flight are "
-                                                     "batched by themselves, with no window to wait out"),
-    "REDIS_PIPELINE_LIMIT": Unread(Handling.MAPPED, "see REDIS_PIPELINE_WINDOW"),
-    "REDIS_PERSECOND": Unread(Handling.IGNORED, "one Redis holds every limit"),
-    "REDIS_PERSECOND_SOCKET_TYPE": Unread(Handling.IGNORED, "see REDIS_PERSECOND"),
-    "REDIS_PERSECOND_TYPE": Unread(Handling.IGNORED, "see REDIS_PERSECOND"),
-    "REDIS_PERSECOND_URL": Unread(Handling.IGNORED, "see REDIS_PERSECOND"),
-    "REDIS_PERSECOND_POOL_SIZE": Unread(Handling.IGNORED, "see REDIS_PERSECOND"),
-    "REDIS_PERSECOND_AUTH": Unread(Handling.IGNORED, "see REDIS_PERSECOND"),
-    "REDIS_PERSECOND_TLS": Unread(Handling.IGNORED, "see REDIS_PERSECOND"),
-    "REDIS_PERSECOND_PIPELINE_WINDOW": Unread(Handling.IGNORED, "see REDIS_PERSECOND"),
-    "REDIS_PERSECOND_PIPELINE_LIMIT": Unread(Handling.IGNORED, "see REDIS_PERSECOND"),
-    "GRPC_CLIENT_TLS_SAN": Unread(Handling.IGNORED, "any client certificate GRPC_CLIENT_TLS_CACERT signed is "
-                                                    "accepted, whatever its SAN"),
     "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": Unread(Handling.MAPPED, "always: health checks include the storage"),
+    "REDIS_USE_EXPLICIT_PIPELINE": Unread(Handling.MAPPED, "calls that arrive while others are at Redis always go "
+                                                           "together in the next round trip"),
+    "REDIS_PERSECOND_USE_EXPLICIT_PIPELINE": Unread(Handling.MAPPED, "see REDIS_USE_EXPLICIT_PIPELINE"),
+    "REDIS_PERSECOND_TIMEOUT": Unread(Handling.MAPPED, "REDIS_TIMEOUT serves both Redis"),
+    "REDIS_POOL_ON_EMPTY_BEHAVIOR": Unread(Handling.MAPPED, "always WAIT: a call waits for a connection, within "
+                                                            "REDIS_TIMEOUT"),
+    "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR": Unread(Handling.MAPPED, "see REDIS_POOL_ON_EMPTY_BEHAVIOR"),
     "MEMCACHE_HOST_PORT": _MEMCACHE,
     "MEMCACHE_MAX_IDLE_CONNS": _MEMCACHE,
     "MEMCACHE_SRV": _MEMCACHE,

@@ -28,7 +28,7 @@ from slidegate.httpapi import make_app, start_app
 from slidegate.reload import ConfigWatcher
 from slidegate.service import RateLimitService
 from slidegate.settings import DEFAULT_MAX_RECV_MSG_SIZE, Settings
-from slidegate.tls import server_credentials
+from slidegate.tls import ClientSanCheck, server_credentials
 
 run_loop: Callable[[Coroutine[Any, Any, None]], None]
 try:
@@ -44,13 +44,14 @@ _RLS = "envoy.service.ratelimit.v3.RateLimitService"
 
 async def start_server(
     service: RateLimitService, host: str, port: int, credentials: grpc.ServerCredentials | None = None,
-    *, reuse_port: bool = False, max_message_size: int = DEFAULT_MAX_RECV_MSG_SIZE,
+    *, reuse_port: bool = False, max_message_size: int = DEFAULT_MAX_RECV_MSG_SIZE, client_san: str = "",
 ) -> tuple[grpc.aio.Server, HealthServicer, int]:
     """Start a gRPC server with the rate-limit, health and reflection services on ``host:port`` (TLS with
     ``credentials``; shared with other processes with ``reuse_port``; requests of at most ``max_message_size``
-    bytes); return it, its health servicer (statuses still unset) and the bound port. Raises OSError when the
-    address cannot be bound."""
-    server = grpc.aio.server(options=[
+    bytes; with ``client_san``, only for clients whose certificate carries it: slidegate.tls.ClientSanCheck);
+    return it, its health servicer (statuses still unset) and the bound port. Raises OSError when the address
+    cannot be bound."""
+    server = grpc.aio.server(interceptors=[ClientSanCheck(client_san)] if client_san else None, options=[
         # without SO_REUSEPORT a second server on a taken port fails instead of silently sharing it; workers
         # share theirs on purpose (slidegate.workers checks first that nobody else holds it)
         ("grpc.so_reuseport", int(reuse_port)),
@@ -84,13 +85,21 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
     config, directory, holder, backend = app.holder.current, settings.config_path, app.holder, app.backend
     if not config.domains:
         log.warning("no domain in %s: every request will be answered OK with no limit", directory)
+    unused = settings.unused_pipelining()
+    if unused:
+        # envoyproxy/ratelimit's configs carry them; ignoring them without a word would leave an operator tuning
+        # a knob that does nothing
+        log.warning("%s: accepted and not used: slidegate sends the calls that arrive while others are at Redis "
+                    "together in the next round trip, with no timer or count to tune (docs/configuration.md)",
+                    ", ".join(unused))
     credentials = None
     if settings.grpc_server_use_tls:
         credentials = server_credentials(settings.grpc_server_tls_cert, settings.grpc_server_tls_key,
                                          settings.grpc_client_tls_cacert)
     server, health_servicer, port = await start_server(app.service, settings.grpc_host, settings.grpc_port, credentials,
                                                        reuse_port=reuse_port,
-                                                       max_message_size=settings.grpc_max_recv_msg_size)
+                                                       max_message_size=settings.grpc_max_recv_msg_size,
+                                                       client_san=settings.grpc_client_tls_san)
     health = Health(health_servicer, needs_storage=app.needs_storage, config_loaded=(
         (lambda: bool(holder.current.domains)) if settings.healthy_with_at_least_one_config_loaded else (lambda: True)))
     await health.publish()

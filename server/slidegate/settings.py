@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from slidegate.algorithms import Algorithm
+from slidegate.backends.blocked import DEFAULT_MAX_BYTES, ENTRY_BYTES
 from slidegate.backends.redis_connect import check_url
 from slidegate.failure_modes import FailureMode
 from slidegate.headers import HeaderNames, ResponseHeaders
@@ -109,6 +110,36 @@ def _wait_timeout(text: str) -> float:
     if seconds > 60:
         raise ValueError(f"{text!r} must be at most 60 s")
     return seconds
+
+
+def _jitter(text: str) -> int:
+    value = _whole(text)
+    # a day is already far past any window's need; Lua's generator draws from 31 bits of milliseconds
+    if value > 86400:
+        raise ValueError(f"{value} must be at most 86400 (a day)")
+    return value
+
+
+def _pipeline_window(text: str) -> float:
+    seconds = parse_duration(text)
+    if seconds > 60:
+        raise ValueError(f"{text!r} must be at most 60 s")
+    return seconds
+
+
+def _duration_text(seconds: float) -> str:
+    """``seconds`` as a duration setting would say it: 250ms, 2s, 150us."""
+    for unit, size in (("s", 1.0), ("ms", 1e-3)):
+        whole = round(seconds / size)
+        if whole >= 1 and abs(seconds / size - whole) < 1e-9:
+            return f"{whole}{unit}"
+    return f"{seconds * 1e6:g}us"
+
+
+# why the REDIS_PIPELINE_* settings change nothing (their help, and the start-up's log line when they are set)
+_PIPELINING = ("slidegate sends the calls that arrive while others are at Redis together in the next round trip, "
+               "with no timer and no count to tune (a timer-based coalescer lost 20% of throughput); a value other "
+               "than 0 is logged at start")
 
 
 def _drain(text: str) -> float:
@@ -241,6 +272,42 @@ SPECS: tuple[Spec, ...] = (
     Spec("redis_wait_timeout", "REDIS_WAIT_TIMEOUT", "--redis-wait-timeout", "50ms", _wait_timeout,
          "how long REDIS_WAIT_REPLICAS waits (rounded up to whole ms), at least 1 ms and shorter than "
          "REDIS_TIMEOUT"),
+    Spec("redis_persecond", "REDIS_PERSECOND", "--redis-persecond", "false", _bool,
+         "keep the limits of one second (unit second, unit_multiplier 1) in a Redis of their own, "
+         "REDIS_PERSECOND_URL; a request with limits in both is still decided all-or-nothing"),
+    Spec("redis_persecond_type", "REDIS_PERSECOND_TYPE", "--redis-persecond-type", "single",
+         _choice("single", "sentinel", "cluster"), "REDIS_TYPE of the per-second Redis"),
+    Spec("redis_persecond_socket_type", "REDIS_PERSECOND_SOCKET_TYPE", "--redis-persecond-socket-type", "tcp",
+         _choice("tcp", "unix"), "REDIS_SOCKET_TYPE of the per-second Redis"),
+    Spec("redis_persecond_url", "REDIS_PERSECOND_URL", "--redis-persecond-url", "", str,
+         "the per-second Redis, in REDIS_URL's forms; needed with REDIS_PERSECOND"),
+    Spec("redis_persecond_auth", "REDIS_PERSECOND_AUTH", "--redis-persecond-auth", "", str,
+         "REDIS_AUTH of the per-second Redis"),
+    Spec("redis_persecond_sentinel_auth", "REDIS_PERSECOND_SENTINEL_AUTH", "--redis-persecond-sentinel-auth", "",
+         str, "REDIS_SENTINEL_AUTH of the per-second Redis's Sentinels"),
+    Spec("redis_persecond_tls", "REDIS_PERSECOND_TLS", "--redis-persecond-tls", "false", _bool,
+         "connect to the per-second Redis with TLS (the REDIS_TLS_* files serve both Redis)"),
+    Spec("redis_persecond_pool_size", "REDIS_PERSECOND_POOL_SIZE", "--redis-persecond-pool-size", "64",
+         _positive_int, "REDIS_POOL_SIZE of the per-second Redis"),
+    Spec("redis_pipeline_window", "REDIS_PIPELINE_WINDOW", "--redis-pipeline-window", "0", _pipeline_window,
+         f"accepted from envoyproxy/ratelimit's configs, not used: {_PIPELINING}"),
+    Spec("redis_pipeline_limit", "REDIS_PIPELINE_LIMIT", "--redis-pipeline-limit", "0", _whole,
+         f"accepted from envoyproxy/ratelimit's configs, not used: {_PIPELINING}"),
+    Spec("redis_persecond_pipeline_window", "REDIS_PERSECOND_PIPELINE_WINDOW", "--redis-persecond-pipeline-window",
+         "0", _pipeline_window, "REDIS_PIPELINE_WINDOW of the per-second Redis: not used either"),
+    Spec("redis_persecond_pipeline_limit", "REDIS_PERSECOND_PIPELINE_LIMIT", "--redis-persecond-pipeline-limit",
+         "0", _whole, "REDIS_PIPELINE_LIMIT of the per-second Redis: not used either"),
+    Spec("expiration_jitter_max_seconds", "EXPIRATION_JITTER_MAX_SECONDS", "--expiration-jitter-max-seconds", "0",
+         _jitter, "every Redis key expires up to this many seconds later than it must (a random share, whole ms, "
+         "drawn for each key), so that keys written together do not expire together; at most 86400; 0: off"),
+    Spec("local_cache_size_in_bytes", "LOCAL_CACHE_SIZE_IN_BYTES", "--local-cache-size-in-bytes",
+         str(DEFAULT_MAX_BYTES), _whole,
+         "memory of each process's over-limit cache (requests known to be over limit are answered without "
+         f"Redis), charged {ENTRY_BYTES} bytes a remembered limit plus its key's size; 0: no cache"),
+    Spec("grpc_client_tls_san", "GRPC_CLIENT_TLS_SAN", "--grpc-client-tls-san", "", str,
+         "with GRPC_CLIENT_TLS_CACERT: only clients whose certificate carries this SAN (a DNS name, '*.' "
+         "wildcards in the certificate matching one label, or an IP address) are served; others get "
+         "UNAUTHENTICATED"),
     Spec("grpc_host", "GRPC_HOST", "--host", "0.0.0.0", str, "address for gRPC"),
     Spec("grpc_port", "GRPC_PORT", "--grpc-port", "8081", _port, "gRPC port (0: any free port)"),
     Spec("grpc_max_recv_msg_size", "GRPC_MAX_RECV_MSG_SIZE", "--grpc-max-recv-msg-size",
@@ -355,6 +422,21 @@ class Settings:
     redis_timeout: float
     redis_wait_replicas: int
     redis_wait_timeout: float
+    redis_persecond: bool
+    redis_persecond_type: str
+    redis_persecond_socket_type: str
+    redis_persecond_url: str
+    redis_persecond_auth: str
+    redis_persecond_sentinel_auth: str
+    redis_persecond_tls: bool
+    redis_persecond_pool_size: int
+    redis_pipeline_window: float
+    redis_pipeline_limit: int
+    redis_persecond_pipeline_window: float
+    redis_persecond_pipeline_limit: int
+    expiration_jitter_max_seconds: int
+    local_cache_size_in_bytes: int
+    grpc_client_tls_san: str
     grpc_host: str
     grpc_port: int
     grpc_max_recv_msg_size: int
@@ -411,6 +493,15 @@ class Settings:
         """Whether /metrics is served: USE_PROMETHEUS unless DISABLE_STATS."""
         return self.use_prometheus and not self.disable_stats
 
+    def unused_pipelining(self) -> list[str]:
+        """The REDIS_PIPELINE_* settings given a value other than 0, as ``NAME=value``: accepted and not used
+        (see their help), which the start-up says."""
+        given = [("REDIS_PIPELINE_WINDOW", _duration_text(self.redis_pipeline_window)),
+                 ("REDIS_PIPELINE_LIMIT", str(self.redis_pipeline_limit)),
+                 ("REDIS_PERSECOND_PIPELINE_WINDOW", _duration_text(self.redis_persecond_pipeline_window)),
+                 ("REDIS_PERSECOND_PIPELINE_LIMIT", str(self.redis_persecond_pipeline_limit))]
+        return [f"{name}={text}" for name, text in given if text not in ("0", "0us")]
+
     @property
     def response_headers(self) -> ResponseHeaders:
         """The headers LIMIT_RESPONSE_HEADERS_ENABLED and LIMIT_RESPONSE_HEADERS_IETF ask for (the IETF fields
@@ -444,11 +535,12 @@ class Settings:
                 problems.append(f"{spec.flag} / {spec.env} (from the {source}): {exc}")
         if problems:
             raise SettingsError("invalid settings:\n  " + "\n  ".join(problems))
-        url = values["redis_url"].strip()
-        if values["redis_type"] == "single" and url and "://" not in url:
-            # envoyproxy/ratelimit's REDIS_URL: host:port, or a socket path with REDIS_SOCKET_TYPE=unix
-            unix = values["redis_socket_type"] == "unix"
-            values["redis_url"] = "unix://" + os.path.abspath(url) if unix else "redis://" + url
+        for prefix in ("redis", "redis_persecond"):
+            url = values[f"{prefix}_url"].strip()
+            if values[f"{prefix}_type"] == "single" and url and "://" not in url:
+                # envoyproxy/ratelimit's REDIS_URL: host:port, or a socket path with REDIS_SOCKET_TYPE=unix
+                unix = values[f"{prefix}_socket_type"] == "unix"
+                values[f"{prefix}_url"] = "unix://" + os.path.abspath(url) if unix else "redis://" + url
         settings = cls(**values)
         settings.check()
         return settings
@@ -460,12 +552,27 @@ class Settings:
                 check_url(self.redis_url, self.redis_type)
             except ValueError as exc:
                 raise SettingsError(f"invalid settings:\n  --redis-url / REDIS_URL: {exc}") from exc
+        if self.redis_persecond:
+            if self.backend_type != "redis":
+                raise SettingsError("invalid settings:\n  --redis-persecond / REDIS_PERSECOND needs "
+                                    "--backend / BACKEND_TYPE=redis")
+            if not self.redis_persecond_url.strip():
+                raise SettingsError("invalid settings:\n  --redis-persecond / REDIS_PERSECOND needs "
+                                    "--redis-persecond-url / REDIS_PERSECOND_URL (the Redis of the per-second limits)")
+            try:
+                check_url(self.redis_persecond_url, self.redis_persecond_type)
+            except ValueError as exc:
+                raise SettingsError(f"invalid settings:\n  --redis-persecond-url / REDIS_PERSECOND_URL: {exc}") from exc
         if self.grpc_server_use_tls and not (self.grpc_server_tls_cert and self.grpc_server_tls_key):
             raise SettingsError("--grpc-server-use-tls / GRPC_SERVER_USE_TLS needs --grpc-server-tls-cert / "
                                 "GRPC_SERVER_TLS_CERT and --grpc-server-tls-key / GRPC_SERVER_TLS_KEY")
         if self.grpc_client_tls_cacert and not self.grpc_server_use_tls:
             raise SettingsError("--grpc-client-tls-cacert / GRPC_CLIENT_TLS_CACERT (mutual TLS) needs "
                                 "--grpc-server-use-tls / GRPC_SERVER_USE_TLS=true")
+        if self.grpc_client_tls_san and not self.grpc_client_tls_cacert:
+            # without client certificates there is no SAN to check: serving everyone would be silent about it
+            raise SettingsError("--grpc-client-tls-san / GRPC_CLIENT_TLS_SAN needs mutual TLS: "
+                                "--grpc-client-tls-cacert / GRPC_CLIENT_TLS_CACERT")
         if self.redis_wait_replicas and self.backend_type == "redis":
             if self.redis_type == "cluster":
                 raise SettingsError("invalid settings:\n  --redis-wait-replicas / REDIS_WAIT_REPLICAS is not offered "

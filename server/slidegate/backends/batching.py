@@ -48,19 +48,22 @@ class Batcher(Generic[Item, Result]):
         self._tasks: set[asyncio.Task[None]] = set()
         self._deadlines = Deadlines()
 
-    async def submit(self, item: Item, timeout: float | None = None, *, grace: bool = False) -> Result:
+    async def submit(self, item: Item, timeout: float | None = None, *, grace: bool = False,
+                     settle: bool = False) -> Result:
         """``item``'s result, or the exception its batch raised; TimeoutError once ``timeout`` seconds have
         passed (with ``grace``, LATE_TIMER more when that moment itself came late, as for a batch: right for the
         backend's own bound, wrong for a caller's deadline). A caller that stops waiting (cancelled, timed out)
         before its batch leaves is not sent at all; once sent, its batch runs to the end (or to
-        ``batch_timeout``)."""
+        ``batch_timeout``). With ``settle``, ``timeout`` only bounds the wait to be sent: once sent, the item's
+        result is awaited whatever the time (until ``batch_timeout``), for a caller that must know what it did
+        (an answer it could not undo)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         if timeout is not None:
             if timeout <= 0:
                 raise TimeoutError
             due = loop.time() + timeout
-            self._deadlines.add(loop, due, partial(self._expire, loop, future, due, grace), future.done)
+            self._deadlines.add(loop, due, partial(self._expire, loop, future, due, grace, settle), future.done)
         self._waiting.append((item, future))
         if self._in_flight < self._max_in_flight:
             self._flush(loop)
@@ -140,11 +143,14 @@ class Batcher(Generic[Item, Result]):
         self._on_cut_off()
 
     def _expire(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Result], due: float,
-                grace: bool) -> None:
+                grace: bool, settle: bool) -> None:
         if future.done():
             return
+        if settle and not any(waiting is future for _, waiting in self._waiting):
+            return  # sent: its batch settles it (a scan, but only of an item whose time ran out)
         now = loop.time()
         if grace and now - due > LATE_TIMER:
-            self._deadlines.add(loop, now + LATE_TIMER, partial(self._expire, loop, future, now, False), future.done)
+            self._deadlines.add(loop, now + LATE_TIMER, partial(self._expire, loop, future, now, False, settle),
+                                future.done)
             return
         future.set_exception(TimeoutError())

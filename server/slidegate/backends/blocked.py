@@ -15,16 +15,29 @@ of rejected requests (envoyproxy/ratelimit's default) is never cached. Hits coun
 failed, since the storage may have applied them — forget its remembered rejection. Caveats: hits given back
 through another replica, or a Redis that restarted empty, can make room before the cached time, which this
 cache learns only when it expires, and hits counted by another replica make the cached retry time early.
+
+Its size is a number of bytes (LOCAL_CACHE_SIZE_IN_BYTES, as envoyproxy/ratelimit's local cache): each limit
+remembered is charged ENTRY_BYTES plus its key's own size (sys.getsizeof). A key carries a descriptor's entries,
+up to 64 of at most 133 characters each once long ones are digested, so a count of entries alone would let
+many-entry descriptors take gigabytes. When a new limit does not fit, the expired ones are forgotten, and when
+that leaves more than half the size taken, all are: the cache is only an optimisation, and forgetting is always
+correct.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 
 from slidegate.backends.base import Backend, Check, Decision, Outcome
 
 Params = tuple[int, int, int | None, bool]
+# What one remembered limit costs besides its key: its slot in the dict and the tuples and integers of its entry.
+# Measured with tracemalloc: 206-235 bytes an entry at 1,000 to 100,000 entries; rounded up, so that the bytes
+# charged are never fewer than the bytes taken (tests/test_blocked_cache.py measures it again).
+ENTRY_BYTES = 320
+DEFAULT_MAX_BYTES = 32 * 1024 * 1024  # about 70,000 limits with keys of 100 characters
 
 
 def _params(c: Check) -> Params:
@@ -32,18 +45,19 @@ def _params(c: Check) -> Params:
     return c.limit, c.window_us, c.burst, c.stop_when_over
 
 
-class OverLimitCache:
-    """``backend`` with known over-limit answers served locally (see the module docstring); at most
-    ``max_entries`` limits remembered, whose keys hold at most ``max_key_chars`` characters together (a key
-    carries a descriptor's entries, up to 64 of at most 133 characters each once long ones are digested: a
-    count alone would let many-entry descriptors take gigabytes).
-    Same interface as the backend."""
+def entry_bytes(key: str) -> int:
+    """What remembering the limit of ``key`` is charged (see the module docstring)."""
+    return ENTRY_BYTES + sys.getsizeof(key)
 
-    def __init__(self, backend: Backend, *, max_entries: int = 100_000, max_key_chars: int = 16_000_000) -> None:
+
+class OverLimitCache:
+    """``backend`` with known over-limit answers served locally (see the module docstring), in at most
+    ``max_bytes`` (counted as the module docstring says). Same interface as the backend."""
+
+    def __init__(self, backend: Backend, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self._backend = backend
-        self._max_entries = max_entries
-        self._max_key_chars = max_key_chars
-        self._key_chars = 0  # of the remembered limits' keys
+        self._max_bytes = max_bytes
+        self._bytes = 0  # charged for the remembered limits
         # storage key -> (the limit's parameters, over until in µs, hits it was over for): one entry per key, so
         # that hits counted or given back under any version of a limit forget what another version remembered
         self._blocked: dict[str, tuple[Params, int, int]] = {}
@@ -94,23 +108,25 @@ class OverLimitCache:
             if (simple and 0 < c.hits <= c.most_hits() and not c.shadow and outcome.reset_us > 0
                     and not c.counts_denied()):
                 if c.key not in self._blocked:
-                    if (len(self._blocked) >= self._max_entries
-                            or self._key_chars + len(c.key) > self._max_key_chars):
+                    cost = entry_bytes(c.key)
+                    if cost > self._max_bytes:
+                        continue  # larger than the whole cache: not remembered
+                    if self._bytes + cost > self._max_bytes:
                         self._forget_expired(now)
-                    self._key_chars += len(c.key)
+                    self._bytes += cost
                 self._blocked[c.key] = (_params(c), now + outcome.reset_us, c.hits)
         return decision
 
     def _forget(self, key: str) -> None:
         if self._blocked.pop(key, None) is not None:
-            self._key_chars -= len(key)
+            self._bytes -= entry_bytes(key)
 
     def _forget_expired(self, now: int) -> None:
         self._blocked = {k: v for k, v in self._blocked.items() if v[1] > now}
-        self._key_chars = sum(len(k) for k in self._blocked)
-        if len(self._blocked) >= self._max_entries or self._key_chars > self._max_key_chars // 2:
+        self._bytes = sum(entry_bytes(k) for k in self._blocked)
+        if self._bytes > self._max_bytes // 2:
             self._blocked.clear()  # only an optimisation: forgetting everything is always correct
-            self._key_chars = 0
+            self._bytes = 0
 
     async def ping(self) -> None:
         await self._backend.ping()

@@ -9,7 +9,9 @@ compensating call that takes back exactly this request's hits. Until it lands th
 (another request may be refused meanwhile); no request is ever admitted beyond a limit. When the compensating
 call fails (a node down), the request stays rejected and the hits it held stay counted: conservative. Hits
 given back (is_negative_hits) never reject and cannot be undone exactly, so in a request that also adds hits
-they are applied only once every slot has admitted it.
+they are applied only once every slot has admitted it. The same protocol decides a request whose limits are
+kept in two Redis (REDIS_PERSECOND, slidegate.backends.persecond: ``decide_spanning``), each place a Redis and,
+on a cluster, a slot of it; one Redis's parts travel in its batches.
 
 Connection errors and timeouts become BackendUnavailable within ``timeout`` seconds (a few ms more at most:
 deadlines share one timer, slidegate.backends.deadlines). Nothing is retried
@@ -36,8 +38,9 @@ import hashlib
 import itertools
 import logging
 import math
+import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -71,6 +74,9 @@ __all__ = ["RedisBackend", "TlsOptions", "Topology", "check_url", "redact"]
 log = logging.getLogger(__name__)
 
 Receipt = tuple[int, int]  # what one slot's call wrote for a limit (lua/decide.lua), to undo it
+# A request's checks, its clock ("" for Redis TIME) and whether it may be undone (one part of a request decided in
+# several places, see _decide_across)
+_Request = tuple[Sequence[Check], str | int, bool]
 # Limits one script call decides at most for a batch of requests (a larger request goes alone): eight callers'
 # requests of 1,000 descriptors in one call outlasted REDIS_TIMEOUT, and every request batched with them failed
 MAX_BATCH_CHECKS = 256
@@ -87,6 +93,11 @@ class Unconfirmed(BackendUnavailable):
     def __init__(self, reply: Any, message: str) -> None:
         super().__init__(message)
         self.reply = reply
+
+
+# One script call's share of a request: the Redis that decides it and the indexes of its checks
+Place = tuple["RedisBackend", list[int]]
+Undo = dict["RedisBackend", list[tuple[Check, Receipt]]]  # what to take back, Redis by Redis
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,13 +126,19 @@ class RedisBackend:
 
     ``wait_replicas``, ``wait_timeout`` (seconds, whole ms, shorter than ``timeout``): see the module
     docstring; not offered on a cluster (ValueError).
+
+    ``expiry_jitter`` (EXPIRATION_JITTER_MAX_SECONDS): every key's expiry is up to this many seconds (whole ms)
+    later, drawn afresh for each key (lua/decide.lua) from a seed ``rng`` gives each script call.
     """
 
     def __init__(self, target: str | Topology, *, timeout: float = 0.25, pool_size: int = 64,
-                 breaker: Breaker | None = None, wait_replicas: int = 0, wait_timeout: float = 0.05) -> None:
+                 breaker: Breaker | None = None, wait_replicas: int = 0, wait_timeout: float = 0.05,
+                 expiry_jitter: float = 0.0, rng: random.Random | None = None) -> None:
         self._topology = target if isinstance(target, Topology) else Topology("single", target)
         self._timeout = timeout
         self._breaker = breaker
+        self._jitter_ms = round(expiry_jitter * 1000)
+        self._rng = rng or random.Random()
         if wait_replicas and self._topology.type == "cluster":
             raise ValueError("waiting for replicas (REDIS_WAIT_REPLICAS) is not offered on a Redis Cluster")
         if wait_replicas and not 0.001 <= wait_timeout < timeout:
@@ -151,7 +168,7 @@ class RedisBackend:
         # a cluster's requests span slots: only one Redis (or Sentinel's master) takes batches of requests
         # (a batch's own bound: it outlives the callers that gave up on it, and a Redis that stopped answering
         # would otherwise hold its place in flight for good; cut off, its connection is closed in _direct)
-        self._batcher: Batcher[tuple[Sequence[Check], str | int], Decision] = Batcher(
+        self._batcher: Batcher[_Request, Decision | _Part] = Batcher(
             self._decide_many, batch_timeout=timeout,
             on_cut_off=lambda: self._failed(f"no answer within {timeout * 1000:.0f} ms"),
             weight=lambda request: len(request[0]), max_weight=MAX_BATCH_CHECKS)
@@ -183,9 +200,34 @@ class RedisBackend:
         on any Redis failure or timeout, DeadlineExceeded when ``timeout`` (shorter than the backend's) ran out."""
         if not checks:
             return Decision(True, [])
+        refusal = self._refusal(timeout)
+        if refusal is not None:
+            raise refusal
+        clock: str | int = "" if now_us is None else now_us
+        caller_first = timeout is not None and timeout < self._timeout
+        bound = timeout if timeout is not None and caller_first else self._timeout
+        try:
+            if self._router is None:
+                decision = await self._batcher.submit((checks, clock, False), bound, grace=not caller_first)
+                if not isinstance(decision, Decision):
+                    raise TypeError("a request that cannot be undone is answered with a Decision")
+                return decision
+            async with asyncio.timeout(bound) as scope:
+                places = _places(checks, lambda _: self)
+                if len(places) == 1:
+                    return (await self._decided([(checks, clock, False)]))[0]
+                return await _decide_across(checks, places, lambda _: self, clock, scope)
+        except STORAGE_ERRORS as exc:
+            if caller_first and isinstance(exc, TimeoutError):
+                raise DeadlineExceeded(f"{self.describe()}: the caller's deadline ({timeout:.3f} s) ran out") from exc
+            raise self._unavailable(exc) from exc
+
+    def _refusal(self, timeout: float | None) -> BackendUnavailable | None:
+        """Why a call must not go to Redis now (its failure mode answers at once), or None: the breaker is open,
+        or Redis has been silent for longer than the call can wait."""
         if self._breaker is not None and not self._breaker.allow():
-            raise BackendUnavailable(f"{self.describe()}: failing ({self._breaker.reason}); calls fail at once "
-                                     "until Redis answers again")
+            return BackendUnavailable(f"{self.describe()}: failing ({self._breaker.reason}); calls fail at once "
+                                      "until Redis answers again")
         if timeout is not None and self._asked:
             # a call does not queue behind a Redis that has already been silent longer than the call can wait
             # (Envoy's 20 ms): its failure mode answers at once instead of just before the deadline, when the
@@ -196,110 +238,32 @@ class RedisBackend:
             silent = now - max(self._last_answer, oldest, self._watch.steady_since(now))
             # a stall of ours shorter than the watch can tell (LoopWatch.UNSEEN) may hide in that silence
             if silent >= timeout + LoopWatch.UNSEEN:
-                raise BackendUnavailable(f"{self.describe()}: silent for {silent * 1000:.0f} ms, longer than the "
-                                         f"call can wait ({timeout * 1000:.0f} ms)")
-        clock: str | int = "" if now_us is None else now_us
-        caller_first = timeout is not None and timeout < self._timeout
-        bound = timeout if timeout is not None and caller_first else self._timeout
-        try:
-            if self._router is None:
-                return await self._batcher.submit((checks, clock), bound, grace=not caller_first)
-            async with asyncio.timeout(bound) as scope:
-                groups = self._groups(checks)
-                if len(groups) == 1:
-                    return (await self._decided([(checks, clock)]))[0]
-                return await self._decide_across_slots(checks, groups, clock, scope)
-        except STORAGE_ERRORS as exc:
-            if caller_first and isinstance(exc, TimeoutError):
-                raise DeadlineExceeded(f"{self.describe()}: the caller's deadline ({timeout:.3f} s) ran out") from exc
-            raise self._unavailable(exc) from exc
+                return BackendUnavailable(f"{self.describe()}: silent for {silent * 1000:.0f} ms, longer than the "
+                                          f"call can wait ({timeout * 1000:.0f} ms)")
+        return None
 
     def _unavailable(self, exc: BaseException) -> BackendUnavailable:
         """The one mapping of a storage error (STORAGE_ERRORS) to what the limiter's failure mode answers."""
         return BackendUnavailable(f"{self.describe()}: {_reason(exc)}")
 
-    async def _decide_across_slots(self, checks: Sequence[Check], groups: list[list[int]], clock: str | int,
-                                   scope: asyncio.Timeout) -> Decision:
-        """``checks`` spanning cluster slots (``groups``: their indexes, slot by slot), all-or-nothing: every slot
-        decides its checks so that it can be undone; when one rejects (or fails), the slots that admitted are
-        undone. Hits given back wait until every slot has admitted (they never reject, and taking them again
-        would not be exact). A slot that rejects decides the request even when another fails (the failure mode
-        must not admit what a limit refused); when a slot fails and none rejects, raises redis-py's error (after
-        undoing the others). A caller that stops waiting does not stop the undo: the slots' answers are settled
-        when they come."""
-        giving = [i for i, c in enumerate(checks) if c.hits < 0]
-        if len(giving) == len(checks):  # nothing can reject
-            return await self._decide_in_slots(checks, clock)
-        # a check-only shadow stands in for each give-back: the limit as it stands, never a rejection
-        first = [dataclasses.replace(c, hits=0, shadow=True, quota=False) if c.hits < 0 else c for c in checks]
-        # quota limits may span slots: each slot evaluates them as shadows, and _settle applies the quota rule
-        # to them all
-        sent = [dataclasses.replace(c, shadow=True, quota=False) if c.quota else c for c in first]
-        # shielded from the caller's deadline, so that what they did is settled; bounded by it all the same (a slot
-        # call not sent by then is not sent at all, and counts as failed)
-        until = scope.when()
-        slots = asyncio.gather(*(self._decide_undoable([sent[i] for i in g], clock, until) for g in groups),
-                               return_exceptions=True)
-        try:
-            parts = await asyncio.shield(slots)
-        except asyncio.CancelledError:
-            slots.add_done_callback(partial(self._settle_late, first, groups, clock))
-            raise
-        admitted, outcomes, undo = _settle(checks, first, groups, parts)
-        if undo:
-            await self._give_back(undo, clock, scope)
-        failed = next((p for p in parts if isinstance(p, BaseException)), None)
-        if failed is not None and not any(isinstance(p, _Part) and not p.decision.admitted for p in parts):
-            raise failed
-        if admitted and giving:
-            for i, outcome in zip(giving, (await self._decide_in_slots([checks[i] for i in giving], clock)).outcomes,
-                                  strict=True):
-                outcomes[i] = outcome
-        return Decision(admitted, outcomes)
-
-    def _settle_late(self, first: list[Check], groups: list[list[int]], clock: str | int,
-                     slots: asyncio.Future[list[_Part | BaseException]]) -> None:
-        """The slots of a request whose caller stopped waiting have answered: undo them unless all admitted."""
-        if slots.cancelled():
-            return
-        _, _, undo = _settle(first, first, groups, slots.result())
-        if undo:
-            self._start_undo(undo, clock)
-
-    async def _decide_in_slots(self, checks: Sequence[Check], clock: str | int) -> Decision:
-        """``checks`` that cannot reject (give-backs), one call per slot."""
-        groups = self._groups(checks)
-        decisions = await asyncio.gather(*(self._decided([([checks[i] for i in g], clock)]) for g in groups))
-        outcomes: list[Outcome] = [Outcome(False, 0, 0)] * len(checks)
-        for group, [decision] in zip(groups, decisions, strict=True):
-            for i, outcome in zip(group, decision.outcomes, strict=True):
-                outcomes[i] = outcome
-        return Decision(all(d.admitted for [d] in decisions), outcomes)
-
     async def _decide_undoable(self, checks: Sequence[Check], clock: str | int, until: float | None) -> _Part:
-        """One slot's ``checks`` as a request that may be undone (lua/decide.lua: -n and the holds' lifetime),
-        sent before ``until`` (the event loop's time) or not at all."""
+        """One place's ``checks`` as a request that may be undone (lua/decide.lua: -n and the holds' lifetime),
+        sent before ``until`` (the event loop's time) or not at all. One Redis (or Sentinel's master): in the
+        next batch, whose answer is awaited once it is sent, whatever the time (so that it can be undone); a
+        cluster: a script call of its own."""
+        if self._router is None:
+            left = None if until is None else until - asyncio.get_running_loop().time()
+            part = await self._batcher.submit((checks, clock, True), left, settle=True)
+            if not isinstance(part, _Part):
+                raise TypeError("a request that may be undone is answered with a _Part")
+            return part
         keys = [c.key for c in checks]
         args: list[str | int] = [clock, 1, -len(checks), self._hold_us]
         for c in checks:
             args += _limit_args(c)
+        args += self._jitter()
         reply = await self._eval(keys, args, until)
-        outcomes, unchanged, receipts = [], [], []
-        for i in range(1, 1 + 7 * len(checks), 7):
-            over, remaining, reset, before, before_reset, r1, r2 = (int(x) for x in reply[i:i + 7])
-            outcomes.append(Outcome(bool(over), remaining, reset))
-            unchanged.append(Outcome(False, before, before_reset))
-            receipts.append((r1, r2) if r1 >= 0 else None)
-        return _Part(Decision(bool(reply[0]), outcomes), unchanged, receipts)
-
-    async def _give_back(self, undo: list[tuple[Check, Receipt]], clock: str | int, scope: asyncio.Timeout) -> None:
-        """Undo what ``undo``'s receipts name, waiting for it while the request's time lasts; a compensating
-        call still running then goes on without it, one that fails is logged (its hits stay counted)."""
-        task = self._start_undo(undo, clock)
-        deadline = scope.when()
-        left = None if deadline is None else deadline - asyncio.get_running_loop().time() - 0.002
-        if left is None or left > 0:
-            await asyncio.wait({task}, timeout=left)
+        return _read_part(reply, 0, len(checks))[0]
 
     def _start_undo(self, undo: list[tuple[Check, Receipt]], clock: str | int) -> asyncio.Task[None]:
         task = asyncio.create_task(self._undo(undo, clock))
@@ -325,58 +289,66 @@ class RedisBackend:
             args: list[str | int] = [clock, "undo", len(items)]
             for c, (r1, r2) in items:
                 args += (c.algorithm.value, *c.params(), r1, r2)
+            args += self._jitter()
             calls.append(self._eval([c.key for c, _ in items], args, until))
         for result in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(result, BaseException):
                 raise result
 
-    def _groups(self, checks: Sequence[Check]) -> list[list[int]]:
-        """Indexes of ``checks`` grouped by hash slot on a cluster (first-seen order), else one group."""
-        slots: dict[int, list[int]] = {}
-        for i, c in enumerate(checks):
-            slots.setdefault(self._slot(c.key), []).append(i)
-        return list(slots.values())
+    def _jitter(self) -> tuple[int, ...]:
+        """The script's trailing arguments for EXPIRATION_JITTER_MAX_SECONDS: none when it is 0."""
+        return (self._jitter_ms, self._rng.getrandbits(31)) if self._jitter_ms else ()
 
     def _slot(self, key: str) -> int:
         return 0 if self._router is None else self._router.slot(key)
 
-    async def _decide_many(self, requests: list[tuple[Sequence[Check], str | int]]) -> list[Decision | Unconfirmed]:
-        """One Decision per request (its checks, its clock), in order: one script call for each run of
-        requests with the same clock (so one in production, where Redis's clock decides). With
-        REDIS_WAIT_REPLICAS, a request admitted with hits that did not reach the replicas in time gets an
-        Unconfirmed instead."""
-        decisions: list[Decision | Unconfirmed] = []
+    async def _decide_many(self, requests: list[_Request]) -> list[Decision | _Part | Unconfirmed]:
+        """One answer per request (its checks, its clock, whether it may be undone), in order: a Decision, or a
+        _Part for a request that may be undone; one script call for each run of requests with the same clock (so
+        one in production, where Redis's clock decides). With REDIS_WAIT_REPLICAS, a request admitted with hits
+        that did not reach the replicas in time gets an Unconfirmed instead."""
+        answers: list[Decision | _Part | Unconfirmed] = []
         for clock, run in itertools.groupby(requests, key=lambda r: r[1]):
-            batch = [checks for checks, _ in run]
+            batch = [(checks, undoable) for checks, _, undoable in run]
             keys: list[str] = []
             args: list[str | int] = [clock, len(batch)]
-            for checks in batch:
-                args.append(len(checks))
+            for checks, undoable in batch:
+                args += (-len(checks), self._hold_us) if undoable else (len(checks),)
                 for c in checks:
                     keys.append(c.key)
                     args += _limit_args(c)
+            args += self._jitter()
             unconfirmed = None
             try:
                 reply = await self._eval(keys, args)
             except Unconfirmed as exc:
                 reply, unconfirmed = exc.reply, exc
             at = 0
-            for checks in batch:
-                outcomes = [Outcome(over=bool(reply[i]), remaining=int(reply[i + 1]), reset_us=int(reply[i + 2]))
-                            for i in range(at + 1, at + 1 + 3 * len(checks), 3)]
-                decision = Decision(admitted=bool(reply[at]), outcomes=outcomes)
+            for checks, undoable in batch:
+                answer: Decision | _Part
+                if undoable:
+                    answer, at = _read_part(reply, at, len(checks))
+                    decision = answer.decision
+                else:
+                    outcomes = [Outcome(over=bool(reply[i]), remaining=int(reply[i + 1]), reset_us=int(reply[i + 2]))
+                                for i in range(at + 1, at + 1 + 3 * len(checks), 3)]
+                    answer = decision = Decision(admitted=bool(reply[at]), outcomes=outcomes)
+                    at += 1 + 3 * len(checks)
                 lost_if_failed_over = decision.admitted and any(c.hits > 0 for c in checks)
-                decisions.append(unconfirmed if unconfirmed is not None and lost_if_failed_over else decision)
-                at += 1 + 3 * len(checks)
-        return decisions
+                answers.append(unconfirmed if unconfirmed is not None and lost_if_failed_over else answer)
+        return answers
 
-    async def _decided(self, requests: list[tuple[Sequence[Check], str | int]]) -> list[Decision]:
-        """``_decide_many`` where no request can be unconfirmed (a cluster: REDIS_WAIT_REPLICAS is refused)."""
-        decisions = await self._decide_many(requests)
-        for decision in decisions:
-            if isinstance(decision, Unconfirmed):
-                raise decision
-        return decisions  # type: ignore[return-value]  # none is Unconfirmed
+    async def _decided(self, requests: list[_Request]) -> list[Decision]:
+        """``_decide_many`` of requests that cannot be undone, where none can be unconfirmed (a cluster, or hits
+        given back: they never admit with hits)."""
+        decisions = []
+        for answer in await self._decide_many(requests):
+            if isinstance(answer, Unconfirmed):
+                raise answer
+            if not isinstance(answer, Decision):
+                raise TypeError("a request that cannot be undone is answered with a Decision")
+            decisions.append(answer)
+        return decisions
 
     async def _eval(self, keys: list[str], args: list[str | int], until: float | None = None) -> list[int]:
         """The script's reply; ``until`` (the event loop's time): a call not sent by then is not sent (on a cluster,
@@ -609,27 +581,149 @@ def _limit_args(c: Check) -> tuple[str | int, ...]:
     return (c.algorithm.value, *c.params(), c.clamped_hits(), 2 if c.quota else int(c.shadow))
 
 
-def _settle(checks: Sequence[Check], first: Sequence[Check], groups: list[list[int]],
-            parts: list[_Part | BaseException]) -> tuple[bool, list[Outcome], list[tuple[Check, Receipt]]]:
-    """What the slots' answers (``parts``, one per group of ``first``: ``checks`` with each give-back a check)
-    make of a request: whether it is admitted, an Outcome per check, and what to undo (the receipts of the slots
-    that admitted, when the request is not admitted)."""
+def _places(checks: Sequence[Check], side: Callable[[Check], RedisBackend]) -> list[Place]:
+    """``checks`` grouped by where one script call decides them: the Redis ``side`` names for each, and on a
+    cluster its hash slot (first-seen order)."""
+    places: dict[tuple[int, int], Place] = {}
+    for i, c in enumerate(checks):
+        backend = side(c)
+        place = places.setdefault((id(backend), backend._slot(c.key)), (backend, []))
+        place[1].append(i)
+    return list(places.values())
+
+
+async def decide_spanning(checks: Sequence[Check], side: Callable[[Check], RedisBackend], now_us: int | None,
+                          timeout: float | None, name: str) -> Decision:
+    """``checks`` kept in several Redis (``side`` names each one's), all-or-nothing as on one: see
+    ``_decide_across``. ``name`` describes them together in errors. Raises BackendUnavailable (a Redis whose
+    breaker is open, or that has been silent too long, fails the request at once), DeadlineExceeded when
+    ``timeout`` (shorter than the backends' own) ran out."""
+    backends = list({id(b): b for b in map(side, checks)}.values())
+    for backend in backends:
+        refusal = backend._refusal(timeout)
+        if refusal is not None:
+            raise refusal
+    clock: str | int = "" if now_us is None else now_us
+    own = max(b._timeout for b in backends)
+    caller_first = timeout is not None and timeout < own
+    bound = timeout if timeout is not None and caller_first else own
+    try:
+        async with asyncio.timeout(bound) as scope:
+            return await _decide_across(checks, _places(checks, side), side, clock, scope)
+    except STORAGE_ERRORS as exc:  # a TimeoutError: _decide_across says which Redis failed otherwise
+        if caller_first and isinstance(exc, TimeoutError):
+            raise DeadlineExceeded(f"{name}: the caller's deadline ({timeout:.3f} s) ran out") from exc
+        raise BackendUnavailable(f"{name}: {_reason(exc)}") from exc
+
+
+async def _decide_across(checks: Sequence[Check], places: list[Place], side: Callable[[Check], RedisBackend],
+                         clock: str | int, scope: asyncio.Timeout) -> Decision:
+    """``checks`` spanning several places (cluster slots, or Redis: see ``_places``), all-or-nothing: every place
+    decides its checks so that it can be undone; when one rejects (or fails), the places that admitted are
+    undone. Hits given back wait until every place has admitted (they never reject, and taking them again would
+    not be exact). A place that rejects decides the request even when another fails (the failure mode must not
+    admit what a limit refused); when a place fails and none rejects, raises its error (BackendUnavailable naming
+    its Redis, or a TimeoutError), after undoing the others. A caller that stops waiting does not stop the undo:
+    the places' answers are settled when they come."""
+    giving = [i for i, c in enumerate(checks) if c.hits < 0]
+    if len(giving) == len(checks):  # nothing can reject
+        return await _decide_in_places(checks, places, clock)
+    # a check-only shadow stands in for each give-back: the limit as it stands, never a rejection
+    first = [dataclasses.replace(c, hits=0, shadow=True, quota=False) if c.hits < 0 else c for c in checks]
+    # quota limits may span places: each place evaluates them as shadows, and _settle applies the quota rule to
+    # them all
+    sent = [dataclasses.replace(c, shadow=True, quota=False) if c.quota else c for c in first]
+    # shielded from the caller's deadline, so that what they did is settled; bounded by it all the same (a place's
+    # call not sent by then is not sent at all, and counts as failed)
+    until = scope.when()
+    calls = asyncio.gather(*(backend._decide_undoable([sent[i] for i in group], clock, until)
+                             for backend, group in places), return_exceptions=True)
+    try:
+        parts = await asyncio.shield(calls)
+    except asyncio.CancelledError:
+        calls.add_done_callback(partial(_settle_late, first, places, clock))
+        raise
+    admitted, outcomes, undo = _settle(checks, first, places, parts)
+    if undo:
+        await _give_back(undo, clock, scope)
+    if not any(isinstance(p, _Part) and not p.decision.admitted for p in parts):
+        for (backend, _), part in zip(places, parts, strict=True):
+            if isinstance(part, BaseException):
+                if isinstance(part, STORAGE_ERRORS) and not isinstance(part, TimeoutError):
+                    raise backend._unavailable(part) from part
+                raise part
+    if admitted and giving:
+        given = [checks[i] for i in giving]
+        decided = await _decide_in_places(given, _places(given, side), clock)
+        for i, outcome in zip(giving, decided.outcomes, strict=True):
+            outcomes[i] = outcome
+    return Decision(admitted, outcomes)
+
+
+async def _decide_in_places(checks: Sequence[Check], places: list[Place], clock: str | int) -> Decision:
+    """``checks`` that cannot reject (give-backs), one call per place."""
+    decisions = await asyncio.gather(*(backend._decided([([checks[i] for i in group], clock, False)])
+                                       for backend, group in places))
+    outcomes: list[Outcome] = [Outcome(False, 0, 0)] * len(checks)
+    for (_, group), [decision] in zip(places, decisions, strict=True):
+        for i, outcome in zip(group, decision.outcomes, strict=True):
+            outcomes[i] = outcome
+    return Decision(all(d.admitted for [d] in decisions), outcomes)
+
+
+def _settle_late(first: list[Check], places: list[Place], clock: str | int,
+                 calls: asyncio.Future[list[_Part | BaseException]]) -> None:
+    """The places of a request whose caller stopped waiting have answered: undo them unless all admitted."""
+    if calls.cancelled():
+        return
+    _, _, undo = _settle(first, first, places, calls.result())
+    for backend, items in undo.items():
+        backend._start_undo(items, clock)
+
+
+async def _give_back(undo: Undo, clock: str | int, scope: asyncio.Timeout) -> None:
+    """Undo what ``undo``'s receipts name, waiting for it while the request's time lasts; a compensating call
+    still running then goes on without it, one that fails is logged (its hits stay counted)."""
+    tasks = {backend._start_undo(items, clock) for backend, items in undo.items()}
+    deadline = scope.when()
+    left = None if deadline is None else deadline - asyncio.get_running_loop().time() - 0.002
+    if left is None or left > 0:
+        await asyncio.wait(tasks, timeout=left)
+
+
+def _read_part(reply: list[int], at: int, n: int) -> tuple[_Part, int]:
+    """The answer to a request of ``n`` limits that may be undone, starting at ``reply[at]`` (lua/decide.lua:
+    admitted, then seven values a limit), and where the next answer starts."""
+    outcomes, unchanged, receipts = [], [], []
+    for i in range(at + 1, at + 1 + 7 * n, 7):
+        over, remaining, reset, before, before_reset, r1, r2 = (int(x) for x in reply[i:i + 7])
+        outcomes.append(Outcome(bool(over), remaining, reset))
+        unchanged.append(Outcome(False, before, before_reset))
+        receipts.append((r1, r2) if r1 >= 0 else None)
+    return _Part(Decision(bool(reply[at]), outcomes), unchanged, receipts), at + 1 + 7 * n
+
+
+def _settle(checks: Sequence[Check], first: Sequence[Check], places: list[Place],
+            parts: list[_Part | BaseException]) -> tuple[bool, list[Outcome], Undo]:
+    """What the places' answers (``parts``, one per place of ``first``: ``checks`` with each give-back a check)
+    make of a request: whether it is admitted, an Outcome per check, and what to undo in each Redis (the
+    receipts of the places that admitted, when the request is not admitted)."""
     over = [False] * len(first)
-    for group, part in zip(groups, parts, strict=True):
+    for (_, group), part in zip(places, parts, strict=True):
         if isinstance(part, _Part):
             for i, outcome in zip(group, part.decision.outcomes, strict=True):
                 over[i] = outcome.over
     admitted = all(isinstance(p, _Part) and p.decision.admitted for p in parts) and admits(first, over)
     outcomes: list[Outcome] = [Outcome(False, 0, 0)] * len(checks)
-    undo: list[tuple[Check, Receipt]] = []
-    for group, part in zip(groups, parts, strict=True):
+    undo: Undo = {}
+    for (backend, group), part in zip(places, parts, strict=True):
         if not isinstance(part, _Part):
             continue
         taken_back = set()
         if not admitted and part.decision.admitted:
             for i, receipt in zip(group, part.receipts, strict=True):
                 if receipt is not None:
-                    undo.append((first[i], receipt))
+                    undo.setdefault(backend, []).append((first[i], receipt))
                     taken_back.add(first[i].key)
         for i, outcome, unchanged in zip(group, part.decision.outcomes, part.unchanged, strict=True):
             # a give-back, or hits taken back: the limit as if this request had not come
