@@ -26,7 +26,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from slidegate._proto.slidegate.wire.v1 import lenient_pb2
 from slidegate.service import METHOD
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
@@ -407,3 +407,32 @@ def test_healthy_only_with_a_config_loaded_when_asked(tmp_path: Path, serve: Cal
     assert wait_for(lambda: strict.http("/healthcheck") == (503, "NOT SERVING"), timeout=10)
     (empty / "config.yaml").write_text(CONFIG)
     assert wait_for(lambda: strict.http("/healthcheck") == (200, "OK"), timeout=10)
+
+
+def test_grpc_on_a_unix_socket(write_config: Callable[..., Path], serve: Callable[..., Served],
+                               tmp_path: Path) -> None:
+    """GRPC_UDS (envoyproxy/ratelimit src/settings/settings.go): gRPC on a unix socket instead of host:port."""
+    socket_path = tmp_path / "rls.sock"
+    served = serve(write_config(CONFIG), wait=False, env={"GRPC_UDS": str(socket_path)})
+    assert wait_for(lambda: socket_path.exists(), timeout=10), served.output()
+    with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        reply = stub.ShouldRateLimit(request("p", descriptor(("user", "uds"))), timeout=5)
+    assert reply.overall_code == OK and reply.statuses[0].current_limit.requests_per_unit == 2
+    assert f"listening for gRPC on unix:{socket_path}" in served.output()
+
+
+def test_connections_are_asked_to_go_after_their_max_age(write_config: Callable[..., Path],
+                                                         serve: Callable[..., Served]) -> None:
+    """GRPC_MAX_CONNECTION_AGE(_GRACE) (envoyproxy/ratelimit src/settings/settings.go): the server sends GOAWAY
+    after about that long, and the client connects again."""
+    served = serve(write_config(CONFIG), "--grpc-max-connection-age", "500ms", "--grpc-max-connection-age-grace",
+                   "200ms")
+    states: list[grpc.ChannelConnectivity] = []
+    with grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}") as channel:
+        channel.subscribe(states.append)
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        assert stub.ShouldRateLimit(request("p", descriptor(("user", "age"))), timeout=5).overall_code == OK
+        assert wait_for(lambda: grpc.ChannelConnectivity.IDLE in states[states.index(
+            grpc.ChannelConnectivity.READY):], timeout=5), states
+        assert stub.ShouldRateLimit(request("p", descriptor(("user", "age"))), timeout=5).overall_code == OK

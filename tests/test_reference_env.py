@@ -38,9 +38,9 @@ def test_the_migration_page_lists_every_variable_as_the_code_handles_it() -> Non
 
 def test_the_start_up_line_names_each_unread_variable_set() -> None:
     assert unread_line({"REDIS_URL": "x", "PATH": "/bin"}) is None
-    line = unread_line({"TRACING_ENABLED": "true", "GRPC_UDS": "/tmp/rl.sock", "REDIS_URL": "x"})
-    assert line == ("envoyproxy/ratelimit settings this service does not read: GRPC_UDS (ignored: gRPC listens on "
-                    "GRPC_HOST:GRPC_PORT only, not on a unix socket); TRACING_ENABLED (ignored: no tracing yet)")
+    line = unread_line({"TRACING_ENABLED": "true", "PROTO": "tcp", "REDIS_URL": "x"})
+    assert line == ("envoyproxy/ratelimit settings this service does not read: PROTO (ignored: every listener is "
+                    "TCP); TRACING_ENABLED (ignored: no tracing yet)")
 
 
 def test_serve_says_it_at_start(write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:

@@ -67,9 +67,6 @@ _TRACING = Unread(Handling.IGNORED, "no tracing yet")
 
 UNREAD: dict[str, Unread] = {
     "PROTO": Unread(Handling.IGNORED, "every listener is TCP"),
-    "GRPC_UDS": Unread(Handling.IGNORED, "gRPC listens on GRPC_HOST:GRPC_PORT only, not on a unix socket"),
-    "GRPC_MAX_CONNECTION_AGE": Unread(Handling.IGNORED, "connections are kept for as long as the client keeps them"),
-    "GRPC_MAX_CONNECTION_AGE_GRACE": Unread(Handling.IGNORED, "see GRPC_MAX_CONNECTION_AGE"),
     "FORCE_START_WITHOUT_INITIAL_CONFIG": _XDS,
     "CONFIG_GRPC_XDS_NODE_ID": _XDS,
     "CONFIG_GRPC_XDS_NODE_METADATA": _XDS,

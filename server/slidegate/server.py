@@ -45,25 +45,35 @@ _RLS = "envoy.service.ratelimit.v3.RateLimitService"
 async def start_server(
     service: RateLimitService, host: str, port: int, credentials: grpc.ServerCredentials | None = None,
     *, reuse_port: bool = False, max_message_size: int = DEFAULT_MAX_RECV_MSG_SIZE, client_san: str = "",
+    uds: str = "", connection_age: tuple[float, float] = (0, 0),
 ) -> tuple[grpc.aio.Server, HealthServicer, int]:
-    """Start a gRPC server with the rate-limit, health and reflection services on ``host:port`` (TLS with
-    ``credentials``; shared with other processes with ``reuse_port``; requests of at most ``max_message_size``
-    bytes; with ``client_san``, only for clients whose certificate carries it: slidegate.tls.ClientSanCheck);
-    return it, its health servicer (statuses still unset) and the bound port. Raises OSError when the address
-    cannot be bound."""
-    server = grpc.aio.server(interceptors=[ClientSanCheck(client_san)] if client_san else None, options=[
+    """Start a gRPC server with the rate-limit, health and reflection services on ``host:port``, or on the unix
+    socket ``uds`` (TLS with ``credentials``; shared with other processes with ``reuse_port``; requests of at most
+    ``max_message_size`` bytes; with ``client_san``, only for clients whose certificate carries it:
+    slidegate.tls.ClientSanCheck; ``connection_age``: a connection's most age and its grace, in seconds, 0 for
+    none); return it, its health servicer (statuses still unset) and the bound port. Raises OSError when the
+    address cannot be bound."""
+    options: list[tuple[str, int]] = [
         # without SO_REUSEPORT a second server on a taken port fails instead of silently sharing it; workers
         # share theirs on purpose (slidegate.workers checks first that nobody else holds it)
         ("grpc.so_reuseport", int(reuse_port)),
         # gRPC refuses a larger message from its length prefix, before buffering it
         ("grpc.max_receive_message_length", max_message_size),
-    ])
+    ]
+    age, grace = connection_age
+    if age:
+        # behind a load balancer that keeps connections, new replicas get clients only as old connections end
+        options += [("grpc.max_connection_age_ms", round(age * 1000)),
+                    ("grpc.max_connection_age_grace_ms", round(grace * 1000))]
+    server = grpc.aio.server(interceptors=[ClientSanCheck(client_san)] if client_san else None, options=options)
     server.add_generic_rpc_handlers((service.handler(),))
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (_RLS, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    if uds:
+        address = f"unix:{uds}"
     try:
         bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError as exc:  # grpcio raises RuntimeError, not OSError, for a port in use
@@ -99,7 +109,10 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
     server, health_servicer, port = await start_server(app.service, settings.grpc_host, settings.grpc_port, credentials,
                                                        reuse_port=reuse_port,
                                                        max_message_size=settings.grpc_max_recv_msg_size,
-                                                       client_san=settings.grpc_client_tls_san)
+                                                       client_san=settings.grpc_client_tls_san,
+                                                       uds=settings.grpc_uds, connection_age=(
+                                                           settings.grpc_max_connection_age,
+                                                           settings.grpc_max_connection_age_grace))
     health = Health(health_servicer, needs_storage=app.needs_storage, config_loaded=(
         (lambda: bool(holder.current.domains)) if settings.healthy_with_at_least_one_config_loaded else (lambda: True)))
     await health.publish()
@@ -137,8 +150,9 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
         heap.started()  # before the health check says serving
         tasks = [asyncio.create_task(health.watch_storage(backend, stop)), asyncio.create_task(watcher.run(stop))]
         log.info(
-            "listening for gRPC on %s:%d%s, HTTP on %s:%d, debug on %s:%d; domains loaded: %d, limits: %d, from %s",
-            settings.grpc_host, port, " (TLS)" if credentials else "", settings.http_host, http_port,
+            "listening for gRPC on %s%s, HTTP on %s:%d, debug on %s:%d; domains loaded: %d, limits: %d, from %s",
+            f"unix:{settings.grpc_uds}" if settings.grpc_uds else f"{settings.grpc_host}:{port}",
+            " (TLS)" if credentials else "", settings.http_host, http_port,
             settings.debug_host, debug_port, len(config.domains), config.limit_count(), directory,
         )
         log.info("storage: %s", backend.describe())

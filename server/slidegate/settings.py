@@ -149,6 +149,13 @@ def _drain(text: str) -> float:
     return seconds
 
 
+def _connection_age(text: str) -> float:
+    seconds = parse_duration(text)
+    if seconds > 365 * 86400:
+        raise ValueError(f"{text!r} must be at most a year")
+    return seconds
+
+
 def _ratio(text: str) -> float:
     value = float(text)
     if not 0 < value <= 1:
@@ -310,6 +317,13 @@ SPECS: tuple[Spec, ...] = (
          "UNAUTHENTICATED"),
     Spec("grpc_host", "GRPC_HOST", "--host", "0.0.0.0", str, "address for gRPC"),
     Spec("grpc_port", "GRPC_PORT", "--grpc-port", "8081", _port, "gRPC port (0: any free port)"),
+    Spec("grpc_uds", "GRPC_UDS", "--grpc-uds", "", str,
+         "listen for gRPC on this unix socket path instead of GRPC_HOST:GRPC_PORT"),
+    Spec("grpc_max_connection_age", "GRPC_MAX_CONNECTION_AGE", "--grpc-max-connection-age", "24h", _connection_age,
+         "a client connection is asked to go (GOAWAY) after about this long (gRPC adds +/-10%), so that clients "
+         "spread over new replicas; 0: never"),
+    Spec("grpc_max_connection_age_grace", "GRPC_MAX_CONNECTION_AGE_GRACE", "--grpc-max-connection-age-grace", "1h",
+         _connection_age, "after GRPC_MAX_CONNECTION_AGE, how long its calls in flight may take before it is closed"),
     Spec("grpc_max_recv_msg_size", "GRPC_MAX_RECV_MSG_SIZE", "--grpc-max-recv-msg-size",
          str(DEFAULT_MAX_RECV_MSG_SIZE), _message_size,
          "largest request accepted, in bytes (larger ones are refused with RESOURCE_EXHAUSTED before they are "
@@ -439,6 +453,9 @@ class Settings:
     grpc_client_tls_san: str
     grpc_host: str
     grpc_port: int
+    grpc_uds: str
+    grpc_max_connection_age: float
+    grpc_max_connection_age_grace: float
     grpc_max_recv_msg_size: int
     grpc_server_use_tls: bool
     grpc_server_tls_cert: str
@@ -547,6 +564,9 @@ class Settings:
 
     def check(self) -> None:
         """Raise SettingsError for settings that only make sense together, and for a malformed Redis URL."""
+        if self.grpc_uds and self.workers > 1:
+            raise SettingsError("--grpc-uds / GRPC_UDS cannot be shared by --workers / WORKERS > 1: workers share "
+                                "TCP ports only")
         if self.backend_type == "redis":
             try:
                 check_url(self.redis_url, self.redis_type)
