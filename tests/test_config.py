@@ -415,5 +415,5 @@ def test_yaml_the_reference_accepts(write_config: WriteConfig) -> None:
 def test_a_second_yaml_document_is_refused(write_config: WriteConfig) -> None:
     # the reference reads the first document and drops the rest without a word; refused here with its line
     assert errors(write_config, "domain: a\ndescriptors: []\n---\ndomain: b\ndescriptors: []\n") == [
-        "config.yaml:4: a second YAML document ('---'): one file holds one domain (envoyproxy/ratelimit reads "
+        "config.yaml:3: a second YAML document ('---'): one file holds one domain (envoyproxy/ratelimit reads "
         "only the first and ignores the rest); put each in a file of its own"]

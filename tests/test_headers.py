@@ -105,3 +105,14 @@ def test_the_header_names_are_settings() -> None:
     for bad in ("", "Rate Limit", "X-Limit:", "ä"):
         with pytest.raises(SettingsError, match=r"LIMIT_LIMIT_HEADER .* is not an HTTP header name"):
             Settings.load({"LIMIT_LIMIT_HEADER": bad})
+
+
+def test_a_request_rejected_by_its_quota_limits_waits_for_the_first_of_them() -> None:
+    # every quota limit over: the request fits once any one has room; a plain limit over must have room too
+    quota_soon, quota_late = Status(MINUTE, over=True, reset_us=1_100_000, quota=True), Status(
+        HOUR, over=True, reset_us=3_600_000_000, quota=True)
+    assert headers([quota_soon, quota_late])["Retry-After"] == "2"
+    assert headers([quota_late, Status(MINUTE, over=True, reset_us=30_000_000)])["Retry-After"] == "3600"
+    room = Status(HOUR, remaining=5, reset_us=1, quota=True)
+    assert headers([quota_late, room, Status(MINUTE, over=True, reset_us=30_000_000)])["Retry-After"] == "30"
+    assert "Retry-After" not in headers([quota_late, room])  # one quota limit has room: admitted

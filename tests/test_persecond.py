@@ -207,6 +207,9 @@ async def test_a_redis_that_is_down_gives_the_failure_mode_to_the_requests_that_
     assert split._main._breaker is not None and not split._main._breaker.is_open
     [org] = await app.limiter.should_rate_limit("p", [Descriptor((("org", "other"),))])
     assert (org.over, org.degraded) == (False, None)
+    # with its breaker open the per-second Redis fails at once, unasked, and the live one's rejection still decides
+    [client, org] = await app.limiter.should_rate_limit("p", both("c4", "acme"))
+    assert (org.over, org.degraded, client.degraded) == (True, None, None)
 
 
 async def test_with_the_main_redis_down_the_error_failure_mode_refuses_what_needs_it(
@@ -310,3 +313,53 @@ def test_the_pipelining_settings_are_accepted_and_the_start_says_they_are_not_us
     assert "accepted and not used" not in unset.output()
     with pytest.raises(SettingsError, match=r"REDIS_PIPELINE_WINDOW \(from the environment\): invalid duration"):
         Settings.load({"REDIS_PIPELINE_WINDOW": "soon"})
+
+
+QUOTA = """
+domain: q
+descriptors:
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: second
+    quota_mode: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: client
+    rate_limit: {unit: second, requests_per_unit: 100}
+"""
+
+
+@pytest.fixture
+async def quota_app(write_config: Callable[..., Path], private_redis: RedisServer, second_redis: RedisServer,
+                    clock: Clock) -> AsyncIterator[Application]:
+    flags = {"config_dir": str(write_config(QUOTA)), "redis_url": private_redis.url, "redis_persecond": "true",
+             "redis_persecond_url": second_redis.url, "redis_timeout": "1s", "failure_mode": "allow"}
+    app = build(Settings.load({}, flags), clock=clock)
+    yield app
+    await app.backend.close()
+
+
+async def test_a_quota_limit_given_back_in_the_other_redis_is_a_quota_limit_not_over(quota_app: Application) -> None:
+    """envoyproxy/ratelimit's quota mode (src/service/ratelimit.go): a request is rejected when every quota-mode
+    descriptor is over; a quota limit that hits are given back to is not over, wherever it is kept."""
+    quota = Descriptor((("quota", "a"),))
+    assert not any(s.over for s in await quota_app.limiter.should_rate_limit("q", [quota]))  # its 1 of 1
+    request = [Descriptor((("plain", "a"),)), quota, Descriptor((("second", "a"),), hits_addend=1, negative=True)]
+    answers = [await quota_app.service.decide("q", request, 0) for _ in range(4)]
+    # admitted while the plain limit has room (one quota limit is not over), which counts each one
+    assert [a.overall_code for a in answers] == [OK, OK, OVER_LIMIT, OVER_LIMIT]
+    [plain] = await quota_app.limiter.should_rate_limit("q", [Descriptor((("plain", "a"),), hits_addend=0)])
+    assert plain.remaining == 0
+
+
+async def test_every_quota_limit_over_rejects_while_the_other_redis_is_down(
+        quota_app: Application, second_redis: RedisServer) -> None:
+    # the quota rule needs only the quota limits' answers: the per-second Redis's failure cannot admit the request
+    quota = Descriptor((("quota", "b"),))
+    await quota_app.limiter.should_rate_limit("q", [quota])
+    second_redis.stop()
+    for _ in range(3):
+        [client, over] = await quota_app.limiter.should_rate_limit("q", [Descriptor((("client", "b"),)), quota])
+        assert (over.over, over.degraded, client.degraded) == (True, None, None)

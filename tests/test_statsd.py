@@ -5,6 +5,7 @@ UDP, and to DogStatsD as its src/godogstats sink sends them; and when USE_STATSD
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -296,3 +297,37 @@ def test_counters_are_summed_between_flushes() -> None:
     store.counter("a.b").add(2)
     assert sink.lines(counters=True) == ["a.b:2|c"]
     assert sink.lines(counters=True) == []
+
+
+def test_a_statsd_that_never_reads_holds_one_connection_at_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A statsd that accepts and never reads: a write that cannot drain in time aborts its connection (its unsent
+    bytes with it) and the next dial waits the retry interval, as gostats does, instead of a new socket and
+    megabytes of buffer left behind every flush."""
+    monkeypatch.setattr("slidegate.statsd.WRITE_TIMEOUT", 0.05)
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        listener.settimeout(0.01)
+        sink = StatsdSink(StatsStore(), "127.0.0.1", listener.getsockname()[1], Transport.TCP, 10.0,
+                          LineFormat(dog=False))
+        accepted = []
+
+        async def flood() -> None:
+            for _ in range(20):
+                await sink.send(["x" * 60_000] * 20)  # 1.2 MB a flush, far more than the socket buffers hold
+                with contextlib.suppress(TimeoutError):
+                    accepted.append(listener.accept()[0])
+            await sink.close()
+
+        asyncio.run(flood())
+        try:
+            assert len(accepted) == 1  # one dial: the retry interval (3 s) outlasts the 20 flushes
+            accepted[0].settimeout(1)
+            while accepted[0].recv(1 << 20):  # the aborted connection ends, its buffer freed
+                pass
+        except ConnectionResetError:
+            pass  # the abort's RST: ended all the same
+        finally:
+            for connection in accepted:
+                connection.close()

@@ -53,6 +53,7 @@ class Shown:
     reset_us: int
     over: bool
     blocking: bool
+    quota: bool = False
 
 
 def seconds(us: int) -> int:
@@ -75,9 +76,15 @@ def chosen(shown: Sequence[Shown]) -> Shown:
 
 
 def retry_after(shown: Sequence[Shown]) -> int | None:
-    """Whole seconds (at least 1) until a rejected request would fit; None when nothing rejects it."""
-    waits = [s.reset_us for s in shown if s.blocking]
-    return max(1, seconds(max(waits))) if waits else None
+    """Whole seconds (at least 1) until a rejected request would fit; None when nothing rejects it. It fits once
+    every limit not in quota mode that rejects it has room, and one of its quota limits, when all were over."""
+    if not any(s.blocking for s in shown):
+        return None
+    waits = [s.reset_us for s in shown if s.blocking and not s.quota]
+    quota = [s for s in shown if s.quota]
+    if quota and all(s.over for s in quota):
+        waits.append(min(s.reset_us for s in quota))
+    return max(1, seconds(max(waits)))
 
 
 def _ietf(shown: Sequence[Shown], current: Shown) -> list[tuple[str, str]]:

@@ -166,7 +166,8 @@ def build_response(
         response.dynamic_metadata.CopyFrom(_metadata(domain, descriptors, statuses, hits_addend))
     if options.headers is not ResponseHeaders.NONE:
         shown = [Shown(s.limit.name, tuple(key for key, _ in d.entries), s.limit.requests_per_unit,
-                       s.limit.window_seconds, s.remaining, s.reset_us, s.over, rejected and s.over and not s.shadow)
+                       s.limit.window_seconds, s.remaining, s.reset_us, s.over, rejected and s.over and not s.shadow,
+                       s.quota)
                  for d, s in zip(descriptors, statuses, strict=True)
                  if s.limit is not None and s.limit.unit is not None]
         for key, value in envoy_headers(shown, ietf=options.headers is ResponseHeaders.IETF,

@@ -214,7 +214,7 @@ class StatsdSink:
                 connection = await asyncio.wait_for(asyncio.open_connection(self._host, self._port), DIAL_TIMEOUT)
             except (OSError, TimeoutError) as exc:
                 self._retry_at = time.monotonic() + RETRY_SECONDS
-                self._drop(count, f"cannot connect: {exc or 'timed out'}")
+                self._drop(count, f"cannot connect: {_reason(exc)}")
                 return
             writer = self._writer = connection[1]
         try:
@@ -222,8 +222,11 @@ class StatsdSink:
             await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
         except (OSError, TimeoutError) as exc:
             self._writer = None
-            writer.close()
-            self._drop(count, f"write failed: {exc or 'timed out'}")
+            # abort, not close: close waits to flush what statsd never reads, and the socket and its buffer would
+            # stay behind with every reconnect
+            writer.transport.abort()
+            self._retry_at = time.monotonic() + RETRY_SECONDS
+            self._drop(count, f"write failed: {_reason(exc)}")
 
     async def _send_udp(self, lines: list[str]) -> None:
         if self._datagrams is None:
@@ -261,3 +264,7 @@ class StatsdSink:
         if self._datagrams is not None:
             self._datagrams.close()
             self._datagrams = None
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) or ("timed out" if isinstance(exc, TimeoutError) else type(exc).__name__)

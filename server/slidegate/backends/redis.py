@@ -40,7 +40,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -599,17 +599,18 @@ async def decide_spanning(checks: Sequence[Check], side: Callable[[Check], Redis
     breaker is open, or that has been silent too long, fails the request at once), DeadlineExceeded when
     ``timeout`` (shorter than the backends' own) ran out."""
     backends = list({id(b): b for b in map(side, checks)}.values())
-    for backend in backends:
-        refusal = backend._refusal(timeout)
-        if refusal is not None:
-            raise refusal
+    # a Redis that fails at once (its breaker open, or silent too long) fails its places, not the request: the
+    # live one may still reject it, and a rejection must not be lost to the failure mode
+    refused = {id(b): r for b in backends if (r := b._refusal(timeout)) is not None}
+    if len(refused) == len(backends):
+        raise next(iter(refused.values()))
     clock: str | int = "" if now_us is None else now_us
     own = max(b._timeout for b in backends)
     caller_first = timeout is not None and timeout < own
     bound = timeout if timeout is not None and caller_first else own
     try:
         async with asyncio.timeout(bound) as scope:
-            return await _decide_across(checks, _places(checks, side), side, clock, scope)
+            return await _decide_across(checks, _places(checks, side), side, clock, scope, refused)
     except STORAGE_ERRORS as exc:  # a TimeoutError: _decide_across says which Redis failed otherwise
         if caller_first and isinstance(exc, TimeoutError):
             raise DeadlineExceeded(f"{name}: the caller's deadline ({timeout:.3f} s) ran out") from exc
@@ -617,36 +618,38 @@ async def decide_spanning(checks: Sequence[Check], side: Callable[[Check], Redis
 
 
 async def _decide_across(checks: Sequence[Check], places: list[Place], side: Callable[[Check], RedisBackend],
-                         clock: str | int, scope: asyncio.Timeout) -> Decision:
+                         clock: str | int, scope: asyncio.Timeout,
+                         refused: Mapping[int, BackendUnavailable] | None = None) -> Decision:
     """``checks`` spanning several places (cluster slots, or Redis: see ``_places``), all-or-nothing: every place
     decides its checks so that it can be undone; when one rejects (or fails), the places that admitted are
     undone. Hits given back wait until every place has admitted (they never reject, and taking them again would
     not be exact). A place that rejects decides the request even when another fails (the failure mode must not
     admit what a limit refused); when a place fails and none rejects, raises its error (BackendUnavailable naming
     its Redis, or a TimeoutError), after undoing the others. A caller that stops waiting does not stop the undo:
-    the places' answers are settled when they come."""
+    the places' answers are settled when they come. ``refused``: by id, the Redis that fail at once (not asked)."""
     giving = [i for i, c in enumerate(checks) if c.hits < 0]
     if len(giving) == len(checks):  # nothing can reject
         return await _decide_in_places(checks, places, clock)
     # a check-only shadow stands in for each give-back: the limit as it stands, never a rejection
-    first = [dataclasses.replace(c, hits=0, shadow=True, quota=False) if c.hits < 0 else c for c in checks]
+    first = [dataclasses.replace(c, hits=0, shadow=True) if c.hits < 0 else c for c in checks]
     # quota limits may span places: each place evaluates them as shadows, and _settle applies the quota rule to
     # them all
     sent = [dataclasses.replace(c, shadow=True, quota=False) if c.quota else c for c in first]
     # shielded from the caller's deadline, so that what they did is settled; bounded by it all the same (a place's
     # call not sent by then is not sent at all, and counts as failed)
     until = scope.when()
-    calls = asyncio.gather(*(backend._decide_undoable([sent[i] for i in group], clock, until)
+    calls = asyncio.gather(*(_failed(refused[id(backend)]) if refused and id(backend) in refused
+                             else backend._decide_undoable([sent[i] for i in group], clock, until)
                              for backend, group in places), return_exceptions=True)
     try:
         parts = await asyncio.shield(calls)
     except asyncio.CancelledError:
-        calls.add_done_callback(partial(_settle_late, first, places, clock))
+        calls.add_done_callback(partial(_settle_late, checks, first, places, clock))
         raise
-    admitted, outcomes, undo = _settle(checks, first, places, parts)
+    admitted, outcomes, undo, decided = _settle(checks, first, places, parts)
     if undo:
         await _give_back(undo, clock, scope)
-    if not any(isinstance(p, _Part) and not p.decision.admitted for p in parts):
+    if not decided:
         for (backend, _), part in zip(places, parts, strict=True):
             if isinstance(part, BaseException):
                 if isinstance(part, STORAGE_ERRORS) and not isinstance(part, TimeoutError):
@@ -654,8 +657,8 @@ async def _decide_across(checks: Sequence[Check], places: list[Place], side: Cal
                 raise part
     if admitted and giving:
         given = [checks[i] for i in giving]
-        decided = await _decide_in_places(given, _places(given, side), clock)
-        for i, outcome in zip(giving, decided.outcomes, strict=True):
+        given_back = await _decide_in_places(given, _places(given, side), clock)
+        for i, outcome in zip(giving, given_back.outcomes, strict=True):
             outcomes[i] = outcome
     return Decision(admitted, outcomes)
 
@@ -671,12 +674,17 @@ async def _decide_in_places(checks: Sequence[Check], places: list[Place], clock:
     return Decision(all(d.admitted for [d] in decisions), outcomes)
 
 
-def _settle_late(first: list[Check], places: list[Place], clock: str | int,
+async def _failed(error: BackendUnavailable) -> _Part:
+    """A place of a Redis that fails at once: its answer is ``error``, without a call."""
+    raise error
+
+
+def _settle_late(checks: Sequence[Check], first: list[Check], places: list[Place], clock: str | int,
                  calls: asyncio.Future[list[_Part | BaseException]]) -> None:
     """The places of a request whose caller stopped waiting have answered: undo them unless all admitted."""
     if calls.cancelled():
         return
-    _, _, undo = _settle(first, first, places, calls.result())
+    _, _, undo, _ = _settle(checks, first, places, calls.result())
     for backend, items in undo.items():
         backend._start_undo(items, clock)
 
@@ -704,16 +712,24 @@ def _read_part(reply: list[int], at: int, n: int) -> tuple[_Part, int]:
 
 
 def _settle(checks: Sequence[Check], first: Sequence[Check], places: list[Place],
-            parts: list[_Part | BaseException]) -> tuple[bool, list[Outcome], Undo]:
+            parts: list[_Part | BaseException]) -> tuple[bool, list[Outcome], Undo, bool]:
     """What the places' answers (``parts``, one per place of ``first``: ``checks`` with each give-back a check)
-    make of a request: whether it is admitted, an Outcome per check, and what to undo in each Redis (the
-    receipts of the places that admitted, when the request is not admitted)."""
-    over = [False] * len(first)
+    make of a request: whether it is admitted, an Outcome per check, what to undo in each Redis (the receipts
+    of the places that admitted, when the request is not admitted), and whether the answers decide the request
+    whatever the places that failed would have said (it is admitted, or rejected by what did answer)."""
+    # backends.base.admits on the request's own checks, as Lua and the memory backend apply it: a give-back
+    # (its stand-in a check-only shadow) is never over, and a quota give-back is a quota limit not over
+    over = [False] * len(checks)
+    answered = [False] * len(checks)
     for (_, group), part in zip(places, parts, strict=True):
         if isinstance(part, _Part):
             for i, outcome in zip(group, part.decision.outcomes, strict=True):
-                over[i] = outcome.over
-    admitted = all(isinstance(p, _Part) and p.decision.admitted for p in parts) and admits(first, over)
+                over[i], answered[i] = outcome.over and checks[i].hits >= 0, True
+    failed = not all(answered)
+    admitted = not failed and admits(checks, over)
+    quota = [i for i, c in enumerate(checks) if c.quota]
+    decided = not failed or any(isinstance(p, _Part) and not p.decision.admitted for p in parts) or (
+        bool(quota) and all(answered[i] and over[i] for i in quota))
     outcomes: list[Outcome] = [Outcome(False, 0, 0)] * len(checks)
     undo: Undo = {}
     for (backend, group), part in zip(places, parts, strict=True):
@@ -729,7 +745,7 @@ def _settle(checks: Sequence[Check], first: Sequence[Check], places: list[Place]
             # a give-back, or hits taken back: the limit as if this request had not come
             outcomes[i] = unchanged if checks[i].hits < 0 or (first[i].key in taken_back and not outcome.over) \
                 else outcome
-    return admitted, outcomes, undo
+    return admitted, outcomes, undo, decided
 
 
 def _closed_by_redis(connection: AbstractConnection) -> bool:

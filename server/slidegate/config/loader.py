@@ -360,7 +360,10 @@ def _parse_file(path: Path, options: LoadOptions) -> tuple[DomainConfig, int, li
         # envoyproxy/ratelimit reads the first document and drops the rest without a word: limits its
         # operator wrote and never had. Refused, so that nobody is surprised either way.
         if extra is not None and extra.tag != _NULL:  # an empty document (a file ending in '---') says nothing
-            return config, 0, [ConfigIssue(str(path), extra.start_mark.line + 1, "", "a second YAML document "
+            lines, at = text.split("\n"), extra.start_mark.line
+            while at > 0 and not lines[at].startswith("---"):  # the line of its '---', not of its content
+                at -= 1
+            return config, 0, [ConfigIssue(str(path), at + 1, "", "a second YAML document "
                                            "('---'): one file holds one domain (envoyproxy/ratelimit reads only "
                                            "the first and ignores the rest); put each in a file of its own")]
     try:
