@@ -43,22 +43,23 @@ class Store:
     once a second, so memory stays bounded by the live limits. As Redis's PEXPIRE, expiry runs on real time (a
     monotonic clock), not on the decisions' clock, which tests may set."""
 
-    def __init__(self) -> None:
+    def __init__(self, expiry_clock: Callable[[], int] = _monotonic_us) -> None:
         self._data: dict[str, tuple[Any, int]] = {}
         self._next_sweep = 0
+        self._clock = expiry_clock  # microseconds, monotonic: a test's may stand still, as its decisions' clock
 
     def get(self, key: str) -> Any:
         item = self._data.get(key)
         if item is None:
             return None
-        if item[1] <= _monotonic_us():
+        if item[1] <= self._clock():
             del self._data[key]
             return None
         return item[0]
 
     def set(self, key: str, value: Any, ttl_us: int) -> None:
         # whole milliseconds, rounded up, as PEXPIRE in the Lua scripts
-        self._data[key] = (value, _monotonic_us() + max(1, math.ceil(ttl_us / 1000)) * 1000)
+        self._data[key] = (value, self._clock() + max(1, math.ceil(ttl_us / 1000)) * 1000)
 
     def delete(self, key: str) -> None:
         self._data.pop(key, None)
@@ -67,7 +68,7 @@ class Store:
         """Make a key live at least ``ttl_us`` more (never less: the decisions' clock may be a test's)."""
         if key in self._data:
             value, expires = self._data[key]
-            self._data[key] = (value, max(expires, _monotonic_us() + max(1, math.ceil(ttl_us / 1000)) * 1000))
+            self._data[key] = (value, max(expires, self._clock() + max(1, math.ceil(ttl_us / 1000)) * 1000))
 
     def update(self, key: str, value: Any) -> None:
         """Replace a key's value, keeping its expiry."""
@@ -75,7 +76,7 @@ class Store:
             self._data[key] = (value, self._data[key][1])
 
     def sweep(self) -> None:
-        now = _monotonic_us()
+        now = self._clock()
         if now < self._next_sweep:
             return
         self._next_sweep = now + 1_000_000
