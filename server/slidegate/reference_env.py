@@ -115,10 +115,14 @@ UNREAD: dict[str, Unread] = {
 }
 
 
+_NOTHING = ("", "false", "0", "no", "off")
+
+
 def unread_line(environ: Mapping[str, str]) -> str | None:
     """The start-up line naming every set variable of ``UNREAD``, each with its reason; None when none is."""
+    # set to nothing, or off (TRACING_ENABLED=false, the reference's own default), it asks for nothing either
     told = [f"{name} ({UNREAD[name].handling.value}: {UNREAD[name].why})" for name in REFERENCE_VARIABLES
-            if name in environ and name in UNREAD]
+            if name in UNREAD and environ.get(name, "").strip().lower() not in _NOTHING]
     if not told:
         return None
     return "envoyproxy/ratelimit settings this service does not read: " + "; ".join(told)

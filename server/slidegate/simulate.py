@@ -4,7 +4,7 @@ Each workload is a list of request times; each algorithm decides them in order w
 simulated clock, one hit per request against one limit. What comes out per algorithm: which requests were
 admitted, and the most admitted in any rolling window of the limit's length — the number a client can really
 get through, which a fixed window lets reach twice the limit at a window boundary. The table always prints; with
-matplotlib installed (``pip install 'slidegate[plot]'``) the same results are drawn into one PNG.
+matplotlib installed (``pip install -e '.[plot]'`` in a checkout) the same results are drawn into one PNG.
 """
 
 from __future__ import annotations
