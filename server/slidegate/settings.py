@@ -120,13 +120,6 @@ def _jitter(text: str) -> int:
     return value
 
 
-def _pipeline_window(text: str) -> float:
-    seconds = parse_duration(text)
-    if seconds > 60:
-        raise ValueError(f"{text!r} must be at most 60 s")
-    return seconds
-
-
 def _duration_text(seconds: float) -> str:
     """``seconds`` as a duration setting would say it: 250ms, 2s, 150us."""
     for unit, size in (("s", 1.0), ("ms", 1e-3)):
@@ -142,18 +135,21 @@ _PIPELINING = ("slidegate sends the calls that arrive while others are at Redis 
                "than 0 is logged at start")
 
 
-def _drain(text: str) -> float:
-    seconds = parse_duration(text)
-    if seconds > 3600:
-        raise ValueError(f"{text!r} must be at most 1 h")
-    return seconds
+def _duration_up_to(most: float, said: str) -> Callable[[str], float]:
+    """A duration setting's parser: at most ``most`` seconds (``said`` in words)."""
+
+    def parse(text: str) -> float:
+        seconds = parse_duration(text)
+        if seconds > most:
+            raise ValueError(f"{text!r} must be at most {said}")
+        return seconds
+
+    return parse
 
 
-def _connection_age(text: str) -> float:
-    seconds = parse_duration(text)
-    if seconds > 365 * 86400:
-        raise ValueError(f"{text!r} must be at most a year")
-    return seconds
+_pipeline_window = _duration_up_to(60, "60 s")
+_drain = _duration_up_to(3600, "1 h")
+_connection_age = _duration_up_to(365 * 86400, "a year")
 
 
 def _ratio(text: str) -> float:
