@@ -30,8 +30,8 @@ ROUTES = ("json", "healthcheck", "rlconfig", "metrics", "stats")
 
 
 def make_app(service: RateLimitService, config: Callable[[], Config], health: Health,
-             routes: tuple[str, ...] = ROUTES) -> web.Application:
-    """An application serving ``routes`` (names from ROUTES)."""
+             routes: tuple[str, ...] = ROUTES, *, metrics_path: str = "/metrics") -> web.Application:
+    """An application serving ``routes`` (names from ROUTES), the metrics at ``metrics_path``."""
 
     async def decide(request: web.Request) -> web.Response:
         if health.draining:
@@ -88,7 +88,7 @@ def make_app(service: RateLimitService, config: Callable[[], Config], health: He
 
     app = web.Application(middlewares=[_errors_as_json])
     table = {"json": web.post("/json", decide), "healthcheck": web.get("/healthcheck", healthcheck),
-             "rlconfig": web.get("/rlconfig", rlconfig), "metrics": web.get("/metrics", metrics),
+             "rlconfig": web.get("/rlconfig", rlconfig), "metrics": web.get(metrics_path, metrics),
              "stats": web.get("/stats", stats)}
     app.add_routes([table[name] for name in routes])
     return app
@@ -117,11 +117,11 @@ def _not_a_broken_body(record: logging.LogRecord) -> bool:
 logging.getLogger("aiohttp.server").addFilter(_not_a_broken_body)
 
 
-async def start_app(app: web.Application, host: str, port: int, *,
+async def start_app(app: web.Application, host: str | None, port: int, *,
                     reuse_port: bool = False) -> tuple[web.AppRunner, int]:
-    """Serve ``app`` on ``host:port`` (shared with other processes with ``reuse_port``); return the runner
-    (``await runner.cleanup()`` stops it) and the bound port. Raises OSError when the address cannot be
-    bound."""
+    """Serve ``app`` on ``host:port`` (host None: every address; shared with other processes with
+    ``reuse_port``); return the runner (``await runner.cleanup()`` stops it) and the bound port. Raises OSError
+    when the address cannot be bound."""
     # bodies are never inflated: aiohttp would do it on the event loop as they arrive, past the size limit (a 1 MB
     # gzip body of 1 GiB took 3 s, and every gRPC call waited, missing Envoy's deadline)
     runner = web.AppRunner(app, access_log=None, auto_decompress=False)

@@ -83,11 +83,13 @@ UNREAD: dict[str, Unread] = {
     "XDS_CLIENT_BACKOFF_RANDOM_FACTOR": _XDS,
     "XDS_CLIENT_BACKOFF_JITTER": _XDS,
     "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES": _XDS,
-    "PROMETHEUS_ADDR": Unread(Handling.MAPPED, "/metrics is served on the debug listener (DEBUG_HOST:DEBUG_PORT) "
-                                               "and the HTTP one, not on a listener of its own"),
-    "PROMETHEUS_PATH": Unread(Handling.MAPPED, "the path is /metrics"),
-    "PROMETHEUS_MAPPER_YAML": Unread(Handling.MAPPED, "the Prometheus names are fixed, those the reference's "
-                                                      "default mapper gives; statsd gets the reference's own"),
+    # the reference turns its statsd names into Prometheus ones through statsd_exporter's mapping rules; slidegate
+    # counts in Prometheus directly, so there are no statsd names for such rules to map
+    "PROMETHEUS_MAPPER_YAML": Unread(Handling.MAPPED, "the Prometheus names are fixed, slidegate's own "
+                                                      "(ratelimit_service_rate_limit_total_hits_total{domain,key} …): "
+                                                      "its metrics are not statsd names passed through "
+                                                      "statsd_exporter's mapping rules; statsd gets the reference's "
+                                                      "names"),
     "RUNTIME_IGNOREDOTFILES": Unread(Handling.MAPPED, "always: hidden files never load"),
     "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": Unread(Handling.MAPPED, "always: health checks include the storage"),
     "REDIS_USE_EXPLICIT_PIPELINE": Unread(Handling.MAPPED, "calls that arrive while others are at Redis always go "

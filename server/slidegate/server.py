@@ -132,6 +132,16 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
         runner, debug_port = await start_app(make_app(app.service, lambda: holder.current, health, debug_routes),
                                              settings.debug_host, settings.debug_port, reuse_port=reuse_port)
         runners.append(runner)
+        metrics_at = ""
+        if settings.prometheus_listener is not None:
+            # PROMETHEUS_ADDR (Envoy Gateway scrapes :19001): the metrics alone, at PROMETHEUS_PATH; Go's ":port"
+            # (host "") is every address, which aiohttp binds for no host
+            host, wanted = settings.prometheus_listener
+            runner, metrics_port = await start_app(
+                make_app(app.service, lambda: holder.current, health, ("metrics",),
+                         metrics_path=settings.prometheus_path), host or None, wanted, reuse_port=reuse_port)
+            runners.append(runner)
+            metrics_at = f", metrics on {host}:{metrics_port}{settings.prometheus_path}"
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
@@ -150,10 +160,10 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
         heap.started()  # before the health check says serving
         tasks = [asyncio.create_task(health.watch_storage(backend, stop)), asyncio.create_task(watcher.run(stop))]
         log.info(
-            "listening for gRPC on %s%s, HTTP on %s:%d, debug on %s:%d; domains loaded: %d, limits: %d, from %s",
+            "listening for gRPC on %s%s, HTTP on %s:%d, debug on %s:%d%s; domains loaded: %d, limits: %d, from %s",
             f"unix:{settings.grpc_uds}" if settings.grpc_uds else f"{settings.grpc_host}:{port}",
             " (TLS)" if credentials else "", settings.http_host, http_port,
-            settings.debug_host, debug_port, len(config.domains), config.limit_count(), directory,
+            settings.debug_host, debug_port, metrics_at, len(config.domains), config.limit_count(), directory,
         )
         log.info("storage: %s", backend.describe())
         if sink is not None:

@@ -80,6 +80,29 @@ def _port(text: str) -> int:
     return value
 
 
+def _listen_address(text: str) -> tuple[str, int] | None:
+    """Go's listen address, as envoyproxy/ratelimit's PROMETHEUS_ADDR: ``host:port``, ``[v6]:port`` or ``:port``
+    (host "": every address); empty: None."""
+    text = text.strip()
+    if not text:
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        raise ValueError(f"{text!r} is not host:port (e.g. :9090 for every address, or 127.0.0.1:9090)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"{text!r}: an IPv6 address goes in brackets, as [::1]:9090")
+    return host, _port(port)
+
+
+def _url_path(text: str) -> str:
+    path = text.strip()
+    if not path.startswith("/") or any(char.isspace() or char in "?#" for char in path):
+        raise ValueError(f"{text!r} is not a URL path (one starting with /, without a query)")
+    return path
+
+
 def _positive_int(text: str) -> int:
     value = _whole(text)
     if value < 1:
@@ -372,6 +395,11 @@ SPECS: tuple[Spec, ...] = (
     Spec("limit_reset_header", "LIMIT_RESET_HEADER", "--limit-reset-header", "RateLimit-Reset", _header_name,
          "name of the header telling the seconds until reset"),
     Spec("use_prometheus", "USE_PROMETHEUS", "--use-prometheus", "true", _bool, "serve metrics on /metrics"),
+    Spec("prometheus_addr", "PROMETHEUS_ADDR", "--prometheus-addr", "", _listen_address,
+         "a listener of its own for the metrics, host:port (:port: every address), serving only PROMETHEUS_PATH; "
+         "empty: none (the metrics are on /metrics of the HTTP and debug ports either way); with USE_PROMETHEUS"),
+    Spec("prometheus_path", "PROMETHEUS_PATH", "--prometheus-path", "/metrics", _url_path,
+         "the path of the metrics on PROMETHEUS_ADDR's listener"),
     Spec("use_statsd", "USE_STATSD", "--use-statsd", "", _optional_bool,
          "send stats to statsd as envoyproxy/ratelimit does (its default sink); empty: on when STATSD_HOST is set"),
     Spec("statsd_host", "STATSD_HOST", "--statsd-host", "", str,
@@ -477,6 +505,8 @@ class Settings:
     limit_remaining_header: str
     limit_reset_header: str
     use_prometheus: bool
+    prometheus_addr: tuple[str, int] | None
+    prometheus_path: str
     use_statsd: bool | None
     statsd_host: str
     statsd_port: int
@@ -505,6 +535,12 @@ class Settings:
     def serves_prometheus(self) -> bool:
         """Whether /metrics is served: USE_PROMETHEUS unless DISABLE_STATS."""
         return self.use_prometheus and not self.disable_stats
+
+    @property
+    def prometheus_listener(self) -> tuple[str, int] | None:
+        """The address of the metrics' own listener: PROMETHEUS_ADDR when /metrics is served at all (the
+        reference opens it only with USE_PROMETHEUS too); None: none. Host "" stands for every address."""
+        return self.prometheus_addr if self.serves_prometheus else None
 
     def unused_pipelining(self) -> list[str]:
         """The REDIS_PIPELINE_* settings given a value other than 0, as ``NAME=value``: accepted and not used
@@ -612,6 +648,8 @@ class Settings:
                                     "memory backend's limits would be split between the processes")
             ports = {"--grpc-port / GRPC_PORT": self.grpc_port, "--http-port / PORT": self.http_port,
                      "--debug-port / DEBUG_PORT": self.debug_port}
+            if self.prometheus_listener is not None:
+                ports["--prometheus-addr / PROMETHEUS_ADDR"] = self.prometheus_listener[1]
             for name, port in ports.items():
                 if port == 0:
                     raise SettingsError(f"invalid settings:\n  --workers / WORKERS above 1 needs a fixed port: {name} "

@@ -45,8 +45,13 @@ log = logging.getLogger("slidegate")
 
 
 def _addresses(settings: Settings) -> tuple[tuple[str, str, int], ...]:
-    return (("gRPC", settings.grpc_host, settings.grpc_port), ("HTTP", settings.http_host, settings.http_port),
-            ("debug HTTP", settings.debug_host, settings.debug_port))
+    addresses: tuple[tuple[str, str, int], ...] = (
+        ("gRPC", settings.grpc_host, settings.grpc_port), ("HTTP", settings.http_host, settings.http_port),
+        ("debug HTTP", settings.debug_host, settings.debug_port))
+    if settings.prometheus_listener is not None:
+        host, port = settings.prometheus_listener
+        addresses += (("metrics", host or "0.0.0.0", port),)  # Go's ":port": every address
+    return addresses
 
 
 def check_ports_free(settings: Settings) -> None:
