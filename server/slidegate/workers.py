@@ -10,8 +10,8 @@ exits when they have all stopped; when one stops on its own, it stops the others
 worker's code, so that the supervisor (Kubernetes, systemd) restarts the whole. Workers whose parent was
 killed outright stop by themselves within a second.
 
-Metrics are summed over the workers with prometheus_client's multiprocess mode (a temporary directory in
-PROMETHEUS_MULTIPROC_DIR); to statsd each worker sends its own counts, which statsd sums; with
+Metrics are summed over the workers with prometheus_client's multiprocess mode (a directory made in TMPDIR,
+named in PROMETHEUS_MULTIPROC_DIR); to statsd each worker sends its own counts, which statsd sums; with
 FAILURE_MODE=local each worker decides alone, so each takes its share:
 LOCAL_LIMIT_REPLICAS is multiplied by WORKERS.
 """
@@ -69,16 +69,36 @@ def check_ports_free(settings: Settings) -> None:
                     raise OSError(f"cannot listen for {name} on {host}:{port}: {exc.strerror}") from exc
 
 
+def writable_directory() -> Path:
+    """TMPDIR (default /tmp): the only place `serve` writes to, and only with WORKERS above 1 (its port locks and
+    the workers' metrics files). Not tempfile.gettempdir(), which falls back to another directory, even the
+    working one, when TMPDIR is not writable: locks that two starts keep in different places lock nothing, and a
+    read-only root filesystem is better told than worked around."""
+    return Path(os.environ.get("TMPDIR") or "/tmp")
+
+
+def _unwritable(directory: Path, exc: OSError) -> OSError:
+    return OSError(f"--workers / WORKERS above 1 needs a writable TMPDIR, and {directory} is not ({exc.strerror}): "
+                   "set TMPDIR to a writable directory, or mount one at /tmp (on Kubernetes, an emptyDir); with "
+                   "WORKERS=1 nothing is written")
+
+
 def lock_ports(settings: Settings) -> list[int]:
-    """Lock files (in the temporary directory, one per port) held for the parent's life, so that a second
-    `serve --workers` on the same ports is refused even when both start at once: the port check alone would
-    pass for both, since workers bind a moment later and share the ports with each other. Returns the open
-    file descriptors; raises OSError naming the address another slidegate holds."""
+    """Lock files (in TMPDIR, one per port) held for the parent's life, so that a second `serve --workers` on
+    the same ports is refused even when both start at once: the port check alone would pass for both, since
+    workers bind a moment later and share the ports with each other. Returns the open file descriptors; raises
+    OSError naming the address another slidegate holds, or the directory that cannot be written."""
     held: list[int] = []
+    directory = writable_directory()
     for name, host, port in _addresses(settings):
         # by port alone: two spellings of one address (0.0.0.0 and 127.0.0.1, localhost) must meet here
-        path = Path(tempfile.gettempdir()) / f"slidegate-port-{port}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        path = directory / f"slidegate-port-{port}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            for other in held:
+                os.close(other)
+            raise _unwritable(directory, exc) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -119,7 +139,10 @@ def _supervise(settings: Settings) -> int:
                     os.kill(process.pid, passed)
 
     signal.signal(signal.SIGTERM, forward)  # from the start: a SIGTERM before the workers run still cleans up
-    metrics_dir = tempfile.mkdtemp(prefix="slidegate-metrics-")
+    try:
+        metrics_dir = tempfile.mkdtemp(prefix="slidegate-metrics-", dir=writable_directory())
+    except OSError as exc:
+        raise _unwritable(writable_directory(), exc) from exc
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # read by prometheus_client when a worker imports it
     each = dataclasses.replace(settings, workers=1,
                                local_limit_replicas=settings.local_limit_replicas * settings.workers)
