@@ -8,6 +8,9 @@ COPY lua ./lua
 COPY envoy ./envoy
 COPY protos ./protos
 RUN pip install --no-cache-dir . && rm -rf /src
+# Envoy Gateway's command for its rate-limit container: /bin/ratelimit with no arguments is `slidegate serve`
+COPY deploy/docker/ratelimit /usr/local/bin/ratelimit
+RUN chmod 0755 /usr/local/bin/ratelimit && ln -s /usr/local/bin/ratelimit /bin/ratelimit
 
 WORKDIR /
 USER nobody

@@ -3,7 +3,10 @@ checked against each other)."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +78,23 @@ def test_dockerfile_copies_what_exists() -> None:
     for source in re.findall(r"^COPY (\S+(?: \S+)*) \S+$", (ROOT / "Dockerfile").read_text(), re.MULTILINE):
         for name in source.split():
             assert (ROOT / name).exists(), name
+
+
+def test_the_image_answers_to_envoy_gateways_command() -> None:
+    """Envoy Gateway runs the rate-limit container as ``/bin/ratelimit`` with no arguments: the image puts the
+    wrapper there, and the wrapper is `slidegate serve` (run here with this checkout's slidegate on PATH)."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "COPY deploy/docker/ratelimit /usr/local/bin/ratelimit" in dockerfile
+    assert re.search(r"^RUN chmod 0755 /usr/local/bin/ratelimit && ln -s /usr/local/bin/ratelimit /bin/ratelimit$",
+                     dockerfile, re.MULTILINE)
+    assert dockerfile.index("COPY deploy/docker/ratelimit") < dockerfile.index("USER nobody")
+    wrapper = ROOT / "deploy" / "docker" / "ratelimit"
+    assert os.access(wrapper, os.X_OK)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    shown = subprocess.run([str(wrapper), "--help"], capture_output=True, text=True, env=env, timeout=60)
+    assert shown.returncode == 0 and "Serve envoy.service.ratelimit.v3.RateLimitService" in shown.stdout
+    # no arguments: serve from the environment, as Envoy Gateway starts it (RUNTIME_ROOT=/data …)
+    started = subprocess.run([str(wrapper)], capture_output=True, text=True, timeout=60,
+                             env={**env, "RUNTIME_ROOT": "/nonexistent/data", "RUNTIME_SUBDIRECTORY": "ratelimit"})
+    assert started.returncode == 1
+    assert "config directory /nonexistent/data/ratelimit/config does not exist" in started.stderr

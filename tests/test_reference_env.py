@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slidegate.reference_env import REFERENCE_VARIABLES, UNREAD, unread_line
+from slidegate.reference_env import GATEWAY_VARIABLES, REFERENCE_VARIABLES, UNREAD, unread_line
 from slidegate.settings import SPECS, Settings, SettingsError
 from tests.served import Served, wait_for
 
@@ -19,8 +19,10 @@ READ = {spec.env for spec in SPECS}
 
 
 def test_every_reference_variable_is_read_or_said_why_not() -> None:
-    assert len(set(REFERENCE_VARIABLES)) == len(REFERENCE_VARIABLES)
-    assert set(UNREAD) <= set(REFERENCE_VARIABLES)
+    known = REFERENCE_VARIABLES + GATEWAY_VARIABLES
+    assert len(set(known)) == len(known)
+    assert set(UNREAD) <= set(known)
+    assert set(GATEWAY_VARIABLES) <= set(UNREAD), "Envoy Gateway's own: the reference reads none, nor do we"
     assert not set(UNREAD) & READ, "read as a setting and listed as unread"
     assert [v for v in REFERENCE_VARIABLES if v not in READ and v not in UNREAD] == []
 
@@ -28,7 +30,7 @@ def test_every_reference_variable_is_read_or_said_why_not() -> None:
 def test_the_migration_page_lists_every_variable_as_the_code_handles_it() -> None:
     page = (ROOT / "docs" / "migrating.md").read_text()
     rows = re.findall(r"^\| `([A-Z_0-9]+)` \| (supported|mapped|ignored) \|(.*?)\|$", page, re.MULTILINE)
-    assert [name for name, _, _ in rows] == list(REFERENCE_VARIABLES)
+    assert [name for name, _, _ in rows] == list(REFERENCE_VARIABLES + GATEWAY_VARIABLES)
     for name, handling, why in rows:
         if name in READ:
             assert handling == "supported", name
@@ -41,6 +43,13 @@ def test_the_start_up_line_names_each_unread_variable_set() -> None:
     line = unread_line({"TRACING_ENABLED": "true", "PROTO": "tcp", "REDIS_URL": "x"})
     assert line == ("envoyproxy/ratelimit settings this service does not read: PROTO (ignored: every listener is "
                     "TCP); TRACING_ENABLED (ignored: no tracing yet)")
+
+
+def test_envoy_gateways_ca_variable_is_named_as_ignored() -> None:
+    line = unread_line({"GRPC_SERVER_TLS_CA_CERT": "/certs/ca.crt", "GRPC_CLIENT_TLS_CACERT": "/x"})
+    assert line is not None and line.startswith("envoyproxy/ratelimit settings this service does not read: "
+                                                "GRPC_SERVER_TLS_CA_CERT (ignored: Envoy Gateway sets it")
+    assert "GRPC_CLIENT_TLS_CACERT (" not in line  # that one is read
 
 
 def test_serve_says_it_at_start(write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:

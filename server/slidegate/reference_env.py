@@ -5,7 +5,7 @@ operator who moves their environment over learns what it no longer does. tests/t
 two lists whole and apart, and docs/migrating.md shows them.
 
 The list is the reference's newest src/settings/settings.go stored for us, with PROTO of earlier versions and
-QUOTA_MODE.
+QUOTA_MODE; ``GATEWAY_VARIABLES`` are those Envoy Gateway sets that the reference does not read.
 """
 
 from __future__ import annotations
@@ -59,6 +59,10 @@ REFERENCE_VARIABLES = (
     "MERGE_DOMAIN_CONFIG", "TRACING_ENABLED", "TRACING_SERVICE_NAME", "TRACING_SERVICE_NAMESPACE",
     "TRACING_SERVICE_INSTANCE_ID", "TRACING_EXPORTER_PROTOCOL", "TRACING_SAMPLING_RATE",
 )
+
+# set by Envoy Gateway on its rate-limit Deployment, and read by no envoyproxy/ratelimit version (whose CA of
+# client certificates is GRPC_CLIENT_TLS_CACERT): a drop-in there meets them, so they are accounted for too
+GATEWAY_VARIABLES = ("GRPC_SERVER_TLS_CA_CERT",)
 
 _XDS = Unread(Handling.IGNORED, "config over xDS (CONFIG_TYPE=GRPC_XDS_SOTW) is not offered yet")
 _MEMCACHE = Unread(Handling.IGNORED, "there is no memcached backend (BACKEND_TYPE=memcache is refused: memcached "
@@ -114,6 +118,10 @@ UNREAD: dict[str, Unread] = {
     "TRACING_SERVICE_INSTANCE_ID": _TRACING,
     "TRACING_EXPORTER_PROTOCOL": _TRACING,
     "TRACING_SAMPLING_RATE": _TRACING,
+    "GRPC_SERVER_TLS_CA_CERT": Unread(Handling.IGNORED, "Envoy Gateway sets it, and envoyproxy/ratelimit reads no "
+                                                        "such variable (client certificates are asked for with "
+                                                        "GRPC_CLIENT_TLS_CACERT): the gRPC listener does TLS without "
+                                                        "client certificates, there as here"),
 }
 
 
@@ -123,7 +131,8 @@ _NOTHING = ("", "false", "0", "no", "off")
 def unread_line(environ: Mapping[str, str]) -> str | None:
     """The start-up line naming every set variable of ``UNREAD``, each with its reason; None when none is."""
     # set to nothing, or off (TRACING_ENABLED=false, the reference's own default), it asks for nothing either
-    told = [f"{name} ({UNREAD[name].handling.value}: {UNREAD[name].why})" for name in REFERENCE_VARIABLES
+    told = [f"{name} ({UNREAD[name].handling.value}: {UNREAD[name].why})"
+            for name in REFERENCE_VARIABLES + GATEWAY_VARIABLES
             if name in UNREAD and environ.get(name, "").strip().lower() not in _NOTHING]
     if not told:
         return None
