@@ -5,6 +5,7 @@ serve` end to end."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -102,6 +103,9 @@ async def test_first_config_updates_and_removal(ads: AdsServer) -> None:
         assert following.holder.current.version == "3"
         assert "xds version 3" in describe_config(following.holder.current)
         assert following.count("config_load_success") == 3
+        ads.set([])  # no resource: an empty config, accepted
+        await following.until(lambda: following.holder.current.version == "4")
+        assert following.domains() == set() and ads.requests()[-1].version_info == "4"
     finally:
         await following.close()
 
@@ -144,6 +148,22 @@ async def test_the_server_down_and_back(ads: AdsServer) -> None:
         assert ads.requests(max(streams))[0].version_info == ""
     finally:
         await following.close()
+
+
+async def test_a_response_over_the_message_size_is_not_taken(ads: AdsServer) -> None:
+    many = conf.RateLimitConfig(name="big", domain="big", descriptors=[conf.RateLimitDescriptor(
+        key=f"key-{n}", rate_limit=conf.RateLimitPolicy(unit=conf.SECOND, requests_per_unit=1)) for n in range(1000)])
+    assert many.ByteSize() > 8192
+    ads.set([many])
+    small = Following(Settings.load(xds_env(ads.port, XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES="4096")))
+    large = Following(Settings.load(xds_env(ads.port, XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES="65536")))
+    try:
+        await large.until(lambda: large.domains() == {"big"})
+        await asyncio.sleep(0.3)
+        assert not small.source.first.is_set() and not small.holder.current.loaded
+    finally:
+        await small.close()
+        await large.close()
 
 
 async def test_mutual_tls_with_a_san(tmp_path: Path) -> None:
@@ -231,6 +251,9 @@ def test_serve_end_to_end(ads: AdsServer, serve: Callable[..., Served]) -> None:
     assert wait_for(lambda: "xDS config version 3 refused (NACK), keeping version 2" in served.output())
     assert served.http("/rlconfig")[1].startswith("xds version 2\n")
     assert "ratelimit_config_load_error_total 1.0" in served.http("/metrics")[1]
+    served.process.send_signal(signal.SIGHUP)  # nothing to reload, and the process goes on
+    assert wait_for(lambda: "SIGHUP: the config comes over xDS, nothing to reload" in served.output())
+    assert served.process.poll() is None and served.http("/rlconfig")[1].startswith("xds version 2\n")
 
 
 def test_serve_waits_for_the_first_config_unless_forced(ads: AdsServer, serve: Callable[..., Served]) -> None:

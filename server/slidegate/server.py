@@ -160,6 +160,9 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
         tasks = [asyncio.create_task(health.watch_storage(backend, stop))]
         if source_task is not None:
             tasks.append(source_task)
+            # the config is the xDS server's: nothing to reload, and SIGHUP must not end the process either
+            loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP: the config comes over xDS, nothing "
+                                                                    "to reload"))
         else:
             tasks.append(asyncio.create_task(_watch_files(settings, app.load_options, holder, app.metrics, stop)))
         heap.started()  # before the health check says serving
