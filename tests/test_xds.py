@@ -260,7 +260,11 @@ def test_serve_waits_for_the_first_config_unless_forced(ads: AdsServer, serve: C
     waiting = serve(None, env=xds_env(ads.port), wait=False)
     assert wait_for(lambda: "waiting for the first config from the xDS server" in waiting.output(), 20)
     assert waiting.http("/healthcheck") == (0, "")  # not listening
-    forced = serve(None, env=xds_env(ads.port, FORCE_START_WITHOUT_INITIAL_CONFIG="true"))
+    forced = serve(None, env=xds_env(ads.port, FORCE_START_WITHOUT_INITIAL_CONFIG="true",
+                                     HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED="true"), wait=False)
+    assert wait_for(lambda: forced.http("/healthcheck") == (503, "NOT SERVING"), 20)  # listening, no config
+    body = b'{"domain": "d1", "descriptors": [{"entries": [{"key": "k", "value": "x"}]}]}'
+    assert forced.http("/json", body) == (500, '{"error": "no rate limit configuration loaded"}')
     with pytest.raises(grpc.RpcError) as caught:
         should_rate_limit(forced, "d1", "k")
     assert caught.value.code() == grpc.StatusCode.UNKNOWN
@@ -269,4 +273,5 @@ def test_serve_waits_for_the_first_config_unless_forced(ads: AdsServer, serve: C
     ads.set([limit("d1", "k", 1)])
     assert wait_for(lambda: waiting.http("/healthcheck") == (200, "OK"), 20)
     assert wait_for(lambda: forced.http("/rlconfig")[1].startswith("xds version 1\n"), 10)
+    assert wait_for(lambda: forced.http("/healthcheck") == (200, "OK"), 10)
     assert should_rate_limit(forced, "d1", "k").overall_code == rls_pb2.RateLimitResponse.OK
