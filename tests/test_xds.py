@@ -5,6 +5,8 @@ serve` end to end."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -131,21 +133,31 @@ async def test_an_invalid_snapshot_is_nacked_and_the_config_kept(ads: AdsServer)
         await following.close()
 
 
-async def test_the_server_down_and_back(ads: AdsServer) -> None:
+async def test_the_server_down_and_back(ads: AdsServer, caplog: pytest.LogCaptureFixture) -> None:
     ads.set([limit("d1", "k", 5)])
-    following = Following(Settings.load(xds_env(ads.port)))
+    following = Following(Settings.load(xds_env(ads.port, XDS_CLIENT_BACKOFF_MAX_INTERVAL="400ms")))
+
+    def waits() -> list[str]:
+        return re.findall(r"dialling again in (\S+) s", caplog.text)
+
     try:
-        await following.until(lambda: following.source.first.is_set())
-        ads.stop()
-        await asyncio.sleep(0.5)  # several redials fail meanwhile
-        assert following.domains() == {"d1"} and following.holder.current.loaded
-        ads.set([limit("d2", "k", 5)])
-        ads.start()
-        await following.until(lambda: following.domains() == {"d2"})
-        streams = {r.stream for r in ads.received}
-        assert len(streams) >= 2
-        # the new stream asks afresh and gets the whole set
-        assert ads.requests(max(streams))[0].version_info == ""
+        with caplog.at_level(logging.WARNING, logger="slidegate.xds"):
+            await following.until(lambda: following.source.first.is_set())
+            ads.stop()
+            await following.until(lambda: len(waits()) >= 4)  # several redials fail meanwhile
+            assert waits()[:4] == ["0.1", "0.2", "0.4", "0.4"]  # doubled up to the most
+            assert following.domains() == {"d1"} and following.holder.current.loaded
+            ads.set([limit("d2", "k", 5)])
+            ads.start()
+            await following.until(lambda: following.domains() == {"d2"})
+            streams = {r.stream for r in ads.received}
+            assert len(streams) >= 2
+            # the new stream asks afresh and gets the whole set
+            assert ads.requests(max(streams))[0].version_info == ""
+            caplog.clear()
+            ads.stop()
+            await following.until(lambda: len(waits()) >= 1)
+            assert waits()[0] == "0.1"  # a stream that worked starts the waits again from the first
     finally:
         await following.close()
 

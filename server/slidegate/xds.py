@@ -103,6 +103,7 @@ class XdsConfigSource:
         self._node = node(settings)
         self.first = asyncio.Event()
         self.version = ""  # of the config in force
+        self._answered = False  # the stream in progress has brought a response
 
     def _channel(self) -> grpc.aio.Channel:
         target = self._settings.config_grpc_xds_server_url
@@ -121,6 +122,7 @@ class XdsConfigSource:
         failures = 0
         url = self._settings.config_grpc_xds_server_url
         while not stop.is_set():
+            self._answered = False
             stream = asyncio.create_task(self._stream())
             stopping = asyncio.create_task(stop.wait())
             await asyncio.wait((stream, stopping), return_when=asyncio.FIRST_COMPLETED)
@@ -131,24 +133,24 @@ class XdsConfigSource:
                     await stream
                 return
             try:
-                answered = stream.result()
+                stream.result()
                 reason = "the server ended the stream"
             except grpc.aio.AioRpcError as exc:
-                answered = False  # grpc.aio raises only at the end: what came before was handled already
                 reason = f"{exc.code().name}: {exc.details()}"
             except Exception as exc:  # a certificate file gone, or anything unexpected: the config stays all the same
-                answered = False
                 reason = str(exc)
-            failures = 0 if answered else failures + 1
-            wait = backoff(max(failures - 1, 0), self._settings)
+            # a stream that brought responses worked, however it ended: the waits start again from the first
+            if self._answered:
+                failures = 0
+            wait = backoff(failures, self._settings)
+            failures += 1
             log.warning("xDS server %s: %s; serving the config in force (%s); dialling again in %.1f s", url, reason,
                         f"version {self.version}" if self.first.is_set() else "none yet", wait)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), wait)
 
-    async def _stream(self) -> bool:
-        """One stream, until it ends; returns whether a response came. Raises grpc.aio.AioRpcError."""
-        answered = False
+    async def _stream(self) -> None:
+        """One stream, until it ends. Raises grpc.aio.AioRpcError."""
         channel = self._channel()
         try:
             stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel)
@@ -159,8 +161,8 @@ class XdsConfigSource:
             while True:
                 response = await call.read()
                 if response is grpc.aio.EOF:  # type: ignore[attr-defined]  # grpc-stubs lacks it
-                    return answered
-                answered = True
+                    return
+                self._answered = True
                 await call.write(await self._handle(response))
         finally:
             await channel.close(None)
