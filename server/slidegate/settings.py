@@ -468,7 +468,7 @@ SPECS: tuple[Spec, ...] = (
          "", str, "GRPC_XDS_SOTW: the client certificate's key"),
     Spec("config_grpc_xds_server_tls_cacert", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
          "--config-grpc-xds-server-tls-cacert", "", str,
-         "GRPC_XDS_SOTW: CA of the xDS server's certificate; empty: the system's CAs"),
+         "GRPC_XDS_SOTW: CA of the xDS server's certificate, trusted besides the system's CAs"),
     Spec("config_grpc_xds_server_tls_san", "CONFIG_GRPC_XDS_SERVER_TLS_SAN", "--config-grpc-xds-server-tls-san", "",
          str, "GRPC_XDS_SOTW: the name the xDS server's certificate must carry; empty: the host of the URL"),
     Spec("xds_client_backoff_initial_interval", "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
