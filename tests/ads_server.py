@@ -16,6 +16,7 @@ from concurrent import futures
 from dataclasses import dataclass, field
 
 import grpc
+from google.protobuf.message import Message
 
 from slidegate._proto.envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from slidegate._proto.ratelimit.config.ratelimit.v3 import rls_conf_pb2
@@ -38,7 +39,7 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     def __init__(self, credentials: grpc.ServerCredentials | None = None) -> None:
         self._credentials = credentials
         self._changed = threading.Condition()
-        self._snapshot: list[rls_conf_pb2.RateLimitConfig] | None = None
+        self._snapshot: list[Message] | None = None
         self._version = 0
         self._nonce = 0
         self._streams = 0
@@ -47,11 +48,12 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self.received: list[Received] = []
         self.sent: list[tuple[int, discovery_pb2.DiscoveryResponse]] = []
 
-    def set(self, configs: Sequence[rls_conf_pb2.RateLimitConfig]) -> str:
-        """A new snapshot (its version is the next number); returns its version."""
+    def set(self, configs: Sequence[rls_conf_pb2.RateLimitConfig], foreign: Sequence[Message] = ()) -> str:
+        """A new snapshot (its version is the next number), with ``foreign`` resources of other types after the
+        configs (a broken control plane); returns its version."""
         with self._changed:
             self._version += 1
-            self._snapshot = list(configs)
+            self._snapshot = [*configs, *foreign]
             self._changed.notify_all()
             return str(self._version)
 

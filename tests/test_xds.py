@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from slidegate._proto.envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate._proto.ratelimit.config.ratelimit.v3 import rls_conf_pb2 as conf
 from slidegate.config import Config, ConfigError, LoadOptions
@@ -126,9 +127,15 @@ async def test_an_invalid_snapshot_is_nacked_and_the_config_kept(ads: AdsServer)
         assert "again: domain: duplicate domain 'd2' (also in d2)" in message
         assert following.domains() == {"d1"} and following.holder.current.version == "1"
         assert following.count("config_load_error") == 1
-        ads.set([limit("d3", "k", 5)])  # a valid one after it is taken
+        ads.set([limit("d3", "k", 5)], foreign=[DiscoveryRequest(type_url="x")])  # not a RateLimitConfig
+        await following.until(lambda: len([r for r in ads.requests() if r.HasField("error_detail")]) == 2)
+        assert ads.requests()[-1].error_detail.message == (
+            "resource 1: type_url 'type.googleapis.com/envoy.service.discovery.v3.DiscoveryRequest' is not "
+            f"{TYPE_URL}")
+        assert following.domains() == {"d1"} and following.count("config_load_error") == 2
+        ads.set([limit("d3", "k", 5)])  # a valid one after them is taken
         await following.until(lambda: following.domains() == {"d3"})
-        assert ads.requests()[-1].version_info == "3" and not ads.requests()[-1].HasField("error_detail")
+        assert ads.requests()[-1].version_info == "4" and not ads.requests()[-1].HasField("error_detail")
     finally:
         await following.close()
 

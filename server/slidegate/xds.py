@@ -174,12 +174,10 @@ class XdsConfigSource:
             # in a thread: a large config must not stall decisions
             config = await asyncio.to_thread(load_resources, resources, response.version_info, self._options)
         except (InvalidResponse, ConfigError) as exc:
-            self._metrics.config_load_error.inc()
-            log.error("xDS config version %s refused (NACK), keeping %s:\n%s", response.version_info,
-                      f"version {self.version}" if self.first.is_set() else "no config", exc)
-            return discovery_pb2.DiscoveryRequest(
-                version_info=self.version, node=self._node, type_url=TYPE_URL, response_nonce=response.nonce,
-                error_detail=status_pb2.Status(code=_INVALID_ARGUMENT, message=str(exc)))
+            return self._refuse(response, str(exc))
+        except Exception as exc:  # a bug of ours: NACKed all the same, or the server would resend it at every redial
+            log.exception("xDS config version %s could not be loaded", response.version_info)
+            return self._refuse(response, f"cannot load it: {exc!r}")
         self._holder.current = config
         self.version = response.version_info
         self._metrics.config_load_success.inc()
@@ -188,3 +186,12 @@ class XdsConfigSource:
                  config.limit_count())
         return discovery_pb2.DiscoveryRequest(version_info=self.version, node=self._node, type_url=TYPE_URL,
                                               response_nonce=response.nonce)
+
+    def _refuse(self, response: discovery_pb2.DiscoveryResponse, why: str) -> discovery_pb2.DiscoveryRequest:
+        """Keep the config in force, count and log the load error; return the NACK of ``response``."""
+        self._metrics.config_load_error.inc()
+        log.error("xDS config version %s refused (NACK), keeping %s:\n%s", response.version_info,
+                  f"version {self.version}" if self.first.is_set() else "no config", why)
+        return discovery_pb2.DiscoveryRequest(
+            version_info=self.version, node=self._node, type_url=TYPE_URL, response_nonce=response.nonce,
+            error_detail=status_pb2.Status(code=_INVALID_ARGUMENT, message=why))
