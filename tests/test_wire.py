@@ -14,6 +14,7 @@ from google.protobuf import json_format
 
 from slidegate._proto.envoy.config.core.v3 import base_pb2
 from slidegate._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from slidegate._proto.envoy.service.discovery.v3 import ads_pb2, discovery_pb2
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate._proto.envoy.type.v3 import ratelimit_unit_pb2
 from tests.proto_shapes import describe_message
@@ -74,6 +75,28 @@ def test_messages_match_envoy() -> None:
         "envoy.service.ratelimit.v3.RateLimitResponse",
     ]]
     assert ours["envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit"]["WEEK"] == 7
+
+
+def test_the_xds_client_messages_are_envoys() -> None:
+    """protos/envoy/service/discovery and base.proto's Node declare a subset of Envoy's fields: each as Envoy has
+    it, and the ADS method the same."""
+    theirs = xds("describe_discovery")
+    ours: dict[str, Any] = {}
+    for desc in (discovery_pb2.DiscoveryRequest.DESCRIPTOR, discovery_pb2.DiscoveryResponse.DESCRIPTOR,
+                 base_pb2.Node.DESCRIPTOR, discovery_pb2.DiscoveryRequest.DESCRIPTOR.fields_by_name[
+                     "error_detail"].message_type):
+        describe_message(desc, ours)
+    assert set(ours) <= set(theirs)
+    for name, fields in ours.items():
+        for field, shape in fields.items():
+            assert shape == theirs[name][field], (name, field)
+    assert ours["google.rpc.Status"] == theirs["google.rpc.Status"]
+    assert "error_detail" in ours["envoy.service.discovery.v3.DiscoveryRequest"]
+    service = ads_pb2.DESCRIPTOR.services_by_name["AggregatedDiscoveryService"]
+    method = service.methods_by_name["StreamAggregatedResources"]
+    ours_method = [method.full_name, method.input_type.full_name, method.output_type.full_name,
+                   method.client_streaming, method.server_streaming]
+    assert ours_method in theirs["service"] and ours_method[3:] == [True, True]
 
 
 def test_request_round_trips_through_xds_protos() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.service.discovery.v3 import ads_pb2, discovery_pb2
 from envoy.service.ratelimit.v3 import rls_pb2
 from envoy.type.v3 import ratelimit_unit_pb2
 from google.protobuf import json_format
@@ -36,6 +37,16 @@ def main() -> None:
         answer["service"] = [
             [m.full_name, m.input_type.full_name, m.output_type.full_name]
             for m in rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"].methods
+        ]
+    elif command["op"] == "describe_discovery":
+        for desc in (discovery_pb2.DiscoveryRequest.DESCRIPTOR, discovery_pb2.DiscoveryResponse.DESCRIPTOR,
+                     base_pb2.Node.DESCRIPTOR):
+            describe_message(desc, answer)
+        status = discovery_pb2.DiscoveryRequest.DESCRIPTOR.fields_by_name["error_detail"].message_type
+        describe_message(status, answer)
+        answer["service"] = [
+            [m.full_name, m.input_type.full_name, m.output_type.full_name, m.client_streaming, m.server_streaming]
+            for m in ads_pb2.DESCRIPTOR.services_by_name["AggregatedDiscoveryService"].methods
         ]
     elif command["op"] == "parse_request":
         request = rls_pb2.RateLimitRequest.FromString(bytes.fromhex(command["data"]))

@@ -15,7 +15,7 @@ from slidegate.backends.breaker import Breaker
 from slidegate.backends.memory import MemoryBackend
 from slidegate.backends.persecond import PerSecondBackend
 from slidegate.backends.redis import RedisBackend, TlsOptions, Topology
-from slidegate.config import LoadOptions, load_directory
+from slidegate.config import Config, LoadOptions, load_directory
 from slidegate.failure_modes import FailureMode
 from slidegate.heap import Heap
 from slidegate.limiter import Limiter, LimiterOptions
@@ -53,10 +53,13 @@ def build(settings: Settings, *, clock: Callable[[], int] | None = None, heap: H
     Raises ConfigError for an invalid config and ValueError for a malformed Redis URL or a TLS file that does
     not exist."""
     load = LoadOptions(merge_domains=settings.merge_domain_config, default_algorithm=settings.default_algorithm)
-    holder = ConfigHolder(load_directory(settings.config_path, load))
+    # config over xDS: none until the server sends it (slidegate.xds puts it in the holder and counts it)
+    holder = ConfigHolder(Config(domains={}, loaded=False) if settings.uses_xds else
+                          load_directory(settings.config_path, load))
     # timers' values are kept only for a statsd sink to take (slidegate.server starts it)
     metrics = Metrics(settings.near_limit_ratio, StatsStore(keep_timers=settings.statsd_enabled))
-    metrics.config_load_success.inc()
+    if not settings.uses_xds:
+        metrics.config_load_success.inc()
     backend = make_backend(settings) if backend is None else backend
     limiter = Limiter(lambda: holder.current, backend, LimiterOptions(
         key_prefix=settings.cache_key_prefix, default_algorithm=settings.default_algorithm,

@@ -64,7 +64,7 @@ def serve(**flags: str | None) -> None:
     unread = unread_line(os.environ)
     if unread:
         log.warning("%s", unread)
-    if not settings.config_path.is_dir():
+    if not settings.uses_xds and not settings.config_path.is_dir():
         where = ("--config / CONFIG_DIR" if settings.config_dir else
                  "--config / CONFIG_DIR (or RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY, whose "
                  "directory this is)")

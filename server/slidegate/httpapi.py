@@ -24,7 +24,7 @@ from slidegate.service import OVER_LIMIT, UNDECIDED, InvalidRequest, RateLimitSe
 
 JSON = "application/json"
 # the HTTP status of each gRPC status the service refuses a call with (service.refusal)
-HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAVAILABLE: 503,
+HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.UNKNOWN: 500,
                grpc.StatusCode.DEADLINE_EXCEEDED: 504}
 ROUTES = ("json", "healthcheck", "rlconfig", "metrics", "stats")
 

@@ -25,6 +25,11 @@ class InvalidOverride(ValueError):
     """A request's limit override that cannot be counted exactly (a window longer than config allows)."""
 
 
+class NoConfigLoaded(Exception):
+    """No config has come yet (an xDS config source started with FORCE_START_WITHOUT_INITIAL_CONFIG): every
+    request is refused, as envoyproxy/ratelimit refuses it."""
+
+
 @dataclass(frozen=True, slots=True)
 class Override:
     """A request's own limit for a descriptor (Envoy's RateLimitOverride): ``requests_per_unit`` per
@@ -165,6 +170,8 @@ class Limiter:
         ``hits_addend`` is the request-level value (0 ⇒ 1). Raises InvalidOverride for an override that
         cannot be counted."""
         config = self._config()
+        if not config.loaded:
+            raise NoConfigLoaded("no rate limit configuration loaded")
         if domain not in config.domains:
             return Plan(config, domain, (NO_LIMIT,) * len(descriptors), (), ())
         matched = [self._match(domain, d, config) for d in descriptors]

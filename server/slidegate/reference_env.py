@@ -64,29 +64,15 @@ REFERENCE_VARIABLES = (
 # client certificates is GRPC_CLIENT_TLS_CACERT): a drop-in there meets them, so they are accounted for too
 GATEWAY_VARIABLES = ("GRPC_SERVER_TLS_CA_CERT",)
 
-_XDS = Unread(Handling.IGNORED, "config over xDS (CONFIG_TYPE=GRPC_XDS_SOTW) is not offered yet")
 _MEMCACHE = Unread(Handling.IGNORED, "there is no memcached backend (BACKEND_TYPE=memcache is refused: memcached "
                                      "cannot decide several limits at once, atomically)")
 _TRACING = Unread(Handling.IGNORED, "no tracing yet")
 
 UNREAD: dict[str, Unread] = {
     "PROTO": Unread(Handling.IGNORED, "every listener is TCP"),
-    "FORCE_START_WITHOUT_INITIAL_CONFIG": _XDS,
-    "CONFIG_GRPC_XDS_NODE_ID": _XDS,
-    "CONFIG_GRPC_XDS_NODE_METADATA": _XDS,
-    "CONFIG_GRPC_XDS_SERVER_URL": _XDS,
-    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL": _XDS,
-    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": _XDS,
-    "CONFIG_GRPC_XDS_SERVER_USE_TLS": _XDS,
-    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT": _XDS,
-    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY": _XDS,
-    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": _XDS,
-    "CONFIG_GRPC_XDS_SERVER_TLS_SAN": _XDS,
-    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL": _XDS,
-    "XDS_CLIENT_BACKOFF_MAX_INTERVAL": _XDS,
-    "XDS_CLIENT_BACKOFF_RANDOM_FACTOR": _XDS,
-    "XDS_CLIENT_BACKOFF_JITTER": _XDS,
-    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES": _XDS,
+    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL": Unread(Handling.MAPPED, "the wait before redialling the xDS "
+                                                                            "server is XDS_CLIENT_BACKOFF_* (as in "
+                                                                            "the reference's newer versions)"),
     # the reference turns its statsd names into Prometheus ones through statsd_exporter's mapping rules; slidegate
     # counts in Prometheus directly, so there are no statsd names for such rules to map
     "PROMETHEUS_MAPPER_YAML": Unread(Handling.MAPPED, "the Prometheus names are fixed, slidegate's own "

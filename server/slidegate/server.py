@@ -1,7 +1,7 @@
 """Run slidegate: load config, connect the backend, serve gRPC and HTTP until SIGTERM/SIGINT, then drain.
 
-While serving, the config directory is watched and reloaded (slidegate.reload), and the storage is pinged
-for the health state (slidegate.health).
+While serving, the config directory is watched and reloaded (slidegate.reload), or the xDS server followed
+(slidegate.xds, CONFIG_TYPE=GRPC_XDS_SOTW), and the storage is pinged for the health state (slidegate.health).
 """
 
 from __future__ import annotations
@@ -22,13 +22,16 @@ from grpc_reflection.v1alpha import reflection
 
 from slidegate.allocator import return_large_blocks
 from slidegate.application import build, make_statsd_sink
+from slidegate.config import LoadOptions
 from slidegate.health import Health
 from slidegate.heap import Heap
 from slidegate.httpapi import make_app, start_app
-from slidegate.reload import ConfigWatcher
+from slidegate.metrics import Metrics
+from slidegate.reload import ConfigHolder, ConfigWatcher
 from slidegate.service import RateLimitService
 from slidegate.settings import DEFAULT_MAX_RECV_MSG_SIZE, Settings
 from slidegate.tls import ClientSanCheck, server_credentials
+from slidegate.xds import XdsConfigSource
 
 run_loop: Callable[[Coroutine[Any, Any, None]], None]
 try:
@@ -92,8 +95,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
     heap = Heap()
     app = build(settings, heap=heap)
     sink = make_statsd_sink(settings, app.metrics.store, os.environ)
-    config, directory, holder, backend = app.holder.current, settings.config_path, app.holder, app.backend
-    if not config.domains:
+    directory, holder, backend = settings.config_path, app.holder, app.backend
+    if not settings.uses_xds and not holder.current.domains:
         log.warning("no domain in %s: every request will be answered OK with no limit", directory)
     unused = settings.unused_pipelining()
     if unused:
@@ -102,22 +105,44 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
         log.warning("%s: accepted and not used: slidegate sends the calls that arrive while others are at Redis "
                     "together in the next round trip, with no timer or count to tune (docs/configuration.md)",
                     ", ".join(unused))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    source = XdsConfigSource(settings, app.load_options, holder, app.metrics) if settings.uses_xds else None
+    source_task = asyncio.create_task(source.run(stop)) if source is not None else None
+    if source is not None and not settings.force_start_without_initial_config:
+        # as envoyproxy/ratelimit: no listener until there is a config to answer with
+        log.info("waiting for the first config from the xDS server %s before listening",
+                 settings.config_grpc_xds_server_url)
+        first = asyncio.create_task(source.first.wait())
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait((first, stopping), return_when=asyncio.FIRST_COMPLETED)
+        first.cancel()
+        stopping.cancel()
+        if stop.is_set() and source_task is not None:
+            await _cancel(source_task)
+            await backend.close()
+            log.info("stopped before any config came")
+            return
     credentials = None
     if settings.grpc_server_use_tls:
         credentials = server_credentials(settings.grpc_server_tls_cert, settings.grpc_server_tls_key,
                                          settings.grpc_client_tls_cacert)
-    server, health_servicer, port = await start_server(app.service, settings.grpc_host, settings.grpc_port, credentials,
-                                                       reuse_port=reuse_port,
-                                                       max_message_size=settings.grpc_max_recv_msg_size,
-                                                       client_san=settings.grpc_client_tls_san,
-                                                       uds=settings.grpc_uds, connection_age=(
-                                                           settings.grpc_max_connection_age,
-                                                           settings.grpc_max_connection_age_grace))
+    try:
+        server, health_servicer, port = await start_server(
+            app.service, settings.grpc_host, settings.grpc_port, credentials, reuse_port=reuse_port,
+            max_message_size=settings.grpc_max_recv_msg_size, client_san=settings.grpc_client_tls_san,
+            uds=settings.grpc_uds,
+            connection_age=(settings.grpc_max_connection_age, settings.grpc_max_connection_age_grace))
+    except BaseException:
+        if source_task is not None:  # a port taken: the stream must not outlive the start
+            await _cancel(source_task)
+        raise
     health = Health(health_servicer, needs_storage=app.needs_storage, config_loaded=(
         (lambda: bool(holder.current.domains)) if settings.healthy_with_at_least_one_config_loaded else (lambda: True)))
     await health.publish()
     runners = []
-    stop = asyncio.Event()
     # the sink stops after the drain, so that it sends what the last calls counted
     sink_stop = asyncio.Event()
     sink_task = asyncio.create_task(sink.run(sink_stop)) if sink is not None else None
@@ -142,28 +167,24 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
                          metrics_path=settings.prometheus_path), host or None, wanted, reuse_port=reuse_port)
             runners.append(runner)
             metrics_at = f", metrics on {host}:{metrics_port}{settings.prometheus_path}"
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        root = None
-        if settings.runtime_watch_root:
-            root = Path(settings.config_dir) if settings.config_dir else Path(settings.runtime_root)
-        watcher = ConfigWatcher(directory, app.load_options, holder, app.metrics, root)
-        reloads: set[asyncio.Task[bool]] = set()
-
-        def reload_now() -> None:  # SIGHUP: reload the config now, as many daemons do
-            task = asyncio.create_task(watcher.reload(force=True))
-            reloads.add(task)
-            task.add_done_callback(reloads.discard)
-
-        loop.add_signal_handler(signal.SIGHUP, reload_now)
+        tasks = [asyncio.create_task(health.watch_storage(backend, stop))]
+        if source_task is not None:
+            tasks.append(source_task)
+            # the config is the xDS server's: nothing to reload, and SIGHUP must not end the process either
+            loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP: the config comes over xDS, nothing "
+                                                                    "to reload"))
+        else:
+            tasks.append(asyncio.create_task(_watch_files(settings, app.load_options, holder, app.metrics, stop)))
         heap.started()  # before the health check says serving
-        tasks = [asyncio.create_task(health.watch_storage(backend, stop)), asyncio.create_task(watcher.run(stop))]
+        config = holder.current
+        origin = (f"the xDS server {settings.config_grpc_xds_server_url}" + (
+            f" (version {config.version})" if config.loaded else " (none yet: calls are refused until it comes)")
+                  if source is not None else str(directory))
         log.info(
             "listening for gRPC on %s%s, HTTP on %s:%d, debug on %s:%d%s; domains loaded: %d, limits: %d, from %s",
             f"unix:{settings.grpc_uds}" if settings.grpc_uds else f"{settings.grpc_host}:{port}",
             " (TLS)" if credentials else "", settings.http_host, http_port,
-            settings.debug_host, debug_port, metrics_at, len(config.domains), config.limit_count(), directory,
+            settings.debug_host, debug_port, metrics_at, len(config.domains), config.limit_count(), origin,
         )
         log.info("storage: %s", backend.describe())
         if sink is not None:
@@ -179,11 +200,11 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(sink_task), 3)
         for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await _cancel(task)
     finally:
         stop.set()
+        if source_task is not None:
+            await _cancel(source_task)
         if sink_task is not None and not sink_task.done():
             sink_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -193,6 +214,30 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
             await runner.cleanup()
         await backend.close()
     log.info("stopped")
+
+
+async def _watch_files(settings: Settings, options: LoadOptions, holder: ConfigHolder, metrics: Metrics,
+                       stop: asyncio.Event) -> None:
+    """Reload the config files on each change, and at SIGHUP, until ``stop``."""
+    root = None
+    if settings.runtime_watch_root:
+        root = Path(settings.config_dir) if settings.config_dir else Path(settings.runtime_root)
+    watcher = ConfigWatcher(settings.config_path, options, holder, metrics, root)
+    reloads: set[asyncio.Task[bool]] = set()
+
+    def reload_now() -> None:  # SIGHUP: reload the config now, as many daemons do
+        task = asyncio.create_task(watcher.reload(force=True))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload_now)
+    await watcher.run(stop)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def run(settings: Settings, *, reuse_port: bool = False) -> None:

@@ -25,7 +25,7 @@ from slidegate._proto.slidegate.wire.v1 import lenient_pb2
 from slidegate.backends.base import BackendUnavailable, DeadlineExceeded, admits
 from slidegate.headers import HeaderNames, ResponseHeaders, Shown, envoy_headers
 from slidegate.heap import Heap
-from slidegate.limiter import Descriptor, InvalidOverride, Limiter, Override, Plan, Status
+from slidegate.limiter import Descriptor, InvalidOverride, Limiter, NoConfigLoaded, Override, Plan, Status
 from slidegate.metric_keys import override_key, rule_key
 from slidegate.metrics import Count, LimitCounters, Metrics
 from slidegate.text import printable
@@ -59,10 +59,10 @@ class InvalidRequest(ValueError):
     """A request the service cannot decide; the message is sent back with INVALID_ARGUMENT."""
 
 
-# why a call can go undecided: the caller's request (a bug of theirs), its deadline, or the storage failing
-# under failure mode ``error``
-Undecided = InvalidRequest | InvalidOverride | BackendUnavailable
-UNDECIDED = (InvalidRequest, InvalidOverride, BackendUnavailable)
+# why a call can go undecided: the caller's request (a bug of theirs), its deadline, the storage failing
+# under failure mode ``error``, or no config yet (config over xDS)
+Undecided = InvalidRequest | InvalidOverride | BackendUnavailable | NoConfigLoaded
+UNDECIDED = (InvalidRequest, InvalidOverride, BackendUnavailable, NoConfigLoaded)
 
 
 class Refusal(NamedTuple):
@@ -79,6 +79,9 @@ def refusal(exc: Undecided) -> Refusal:
         return Refusal(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline ran out")
     if isinstance(exc, BackendUnavailable):
         return Refusal(grpc.StatusCode.UNAVAILABLE, "rate limit storage unavailable")
+    if isinstance(exc, NoConfigLoaded):
+        # envoyproxy/ratelimit returns it as a plain error, which gRPC sends as UNKNOWN
+        return Refusal(grpc.StatusCode.UNKNOWN, str(exc))
     return Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
 
@@ -268,7 +271,7 @@ class RateLimitService:
     def refused(self, exc: Undecided) -> None:
         """Count a call refused as invalid (the reference's ``service_error``); storage failures are counted
         where they happen (``redis_error``)."""
-        if isinstance(exc, (InvalidRequest, InvalidOverride)):
+        if isinstance(exc, (InvalidRequest, InvalidOverride, NoConfigLoaded)):
             self.metrics.service_errors.inc()
 
     def _prepare_bytes(self, data: bytes) -> Prepared:

@@ -209,11 +209,57 @@ def _backend_type(text: str) -> str:
     return _choice("redis", "memory")(text)
 
 
+CONFIG_TYPES = ("FILE", "GRPC_XDS_SOTW")
+
+
 def _config_type(text: str) -> str:
-    if text.strip().upper() != "FILE":
-        raise ValueError(f"{text!r}: only FILE (YAML files in the config directory) is offered; config over xDS "
-                         "(GRPC_XDS_SOTW) is not yet")
-    return "FILE"
+    upper = text.strip().upper()
+    if upper not in CONFIG_TYPES:
+        raise ValueError(f"{text!r} is not one of {', '.join(CONFIG_TYPES)} (YAML files in the config directory, or "
+                         "an xDS server's state of the world)")
+    return upper
+
+
+def _node_metadata(text: str) -> tuple[tuple[str, str], ...]:
+    """``k=v,k2=v2`` (envoyproxy/ratelimit's CONFIG_GRPC_XDS_NODE_METADATA: each value a string, up to the first
+    ``=`` the key). The reference drops an entry without ``=`` in silence; it is refused here, so that the node
+    does not go without metadata its operator meant to send."""
+    found = []
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"{item!r} is not key=value")
+        found.append((key, value))
+    return tuple(found)
+
+
+def _grpc_headers(text: str) -> tuple[tuple[str, str], ...]:
+    """``k1:v1,k2:v2`` as gRPC metadata: names lower case, as Go's metadata.New makes them."""
+    pairs = parse_pairs(text)
+    for key, _ in pairs:
+        if not _TOKEN.fullmatch(key.strip()):
+            raise ValueError(f"{key!r} is not a header name (letters, digits and !#$%&'*+-.^_`|~)")
+    return tuple((key.strip().lower(), value.strip()) for key, value in pairs)
+
+
+def _backoff_interval(text: str) -> float:
+    seconds = parse_duration(text)
+    # below 10 ms a dead server would be redialled in a busy loop
+    if not 0.01 <= seconds <= 3600:
+        raise ValueError(f"{text!r} must be at least 10 ms and at most 1 h")
+    return seconds
+
+
+def _random_factor(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise ValueError(f"{value} must be between 0 and 1")
+    return value
+
+
+def _xds_message_size(text: str) -> int:
+    value = _whole(text)
+    return 0 if value == 0 else _message_size(text)
 
 
 # envoyproxy/ratelimit's levels (logrus) map onto Python's: LOG_LEVEL=warn carries over
@@ -427,7 +473,44 @@ SPECS: tuple[Spec, ...] = (
          "--healthy-with-at-least-one-config-loaded", "false", _bool,
          "not serving (health checks) while no config file has loaded a domain"),
     Spec("config_type", "CONFIG_TYPE", "--config-type", "FILE", _config_type,
-         "where the limits come from: FILE, the YAML files of the config directory"),
+         "where the limits come from: FILE, the YAML files of the config directory; GRPC_XDS_SOTW, an xDS server "
+         "(ADS, state of the world) at CONFIG_GRPC_XDS_SERVER_URL"),
+    Spec("force_start_without_initial_config", "FORCE_START_WITHOUT_INITIAL_CONFIG",
+         "--force-start-without-initial-config", "false", _bool,
+         "GRPC_XDS_SOTW: listen before the first config came (every call is refused until it does); false: wait "
+         "for it"),
+    Spec("config_grpc_xds_node_id", "CONFIG_GRPC_XDS_NODE_ID", "--config-grpc-xds-node-id", "default", str,
+         "GRPC_XDS_SOTW: the node id sent to the xDS server"),
+    Spec("config_grpc_xds_node_metadata", "CONFIG_GRPC_XDS_NODE_METADATA", "--config-grpc-xds-node-metadata", "",
+         _node_metadata, "GRPC_XDS_SOTW: the node's metadata, k=v,k2=v2 (string values)"),
+    Spec("config_grpc_xds_server_url", "CONFIG_GRPC_XDS_SERVER_URL", "--config-grpc-xds-server-url",
+         "localhost:18000", str, "GRPC_XDS_SOTW: the xDS server, host:port"),
+    Spec("config_grpc_xds_client_additional_headers", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+         "--config-grpc-xds-client-additional-headers", "", _grpc_headers,
+         "GRPC_XDS_SOTW: gRPC metadata sent with the stream, k1:v1,k2:v2"),
+    Spec("config_grpc_xds_server_use_tls", "CONFIG_GRPC_XDS_SERVER_USE_TLS", "--config-grpc-xds-server-use-tls",
+         "false", _bool, "GRPC_XDS_SOTW: talk TLS to the xDS server"),
+    Spec("config_grpc_xds_client_tls_cert", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "--config-grpc-xds-client-tls-cert",
+         "", str, "GRPC_XDS_SOTW: client certificate for mutual TLS with the xDS server"),
+    Spec("config_grpc_xds_client_tls_key", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "--config-grpc-xds-client-tls-key",
+         "", str, "GRPC_XDS_SOTW: the client certificate's key"),
+    Spec("config_grpc_xds_server_tls_cacert", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+         "--config-grpc-xds-server-tls-cacert", "", str,
+         "GRPC_XDS_SOTW: CA of the xDS server's certificate, trusted besides the system's CAs"),
+    Spec("config_grpc_xds_server_tls_san", "CONFIG_GRPC_XDS_SERVER_TLS_SAN", "--config-grpc-xds-server-tls-san", "",
+         str, "GRPC_XDS_SOTW: the name the xDS server's certificate must carry; empty: the host of the URL"),
+    Spec("xds_client_backoff_initial_interval", "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+         "--xds-client-backoff-initial-interval", "10s", _backoff_interval,
+         "GRPC_XDS_SOTW: the wait before redialling a lost xDS server, doubled at each failure"),
+    Spec("xds_client_backoff_max_interval", "XDS_CLIENT_BACKOFF_MAX_INTERVAL", "--xds-client-backoff-max-interval",
+         "60s", _backoff_interval, "GRPC_XDS_SOTW: the longest wait before redialling"),
+    Spec("xds_client_backoff_random_factor", "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+         "--xds-client-backoff-random-factor", "0.5", _random_factor,
+         "GRPC_XDS_SOTW: with XDS_CLIENT_BACKOFF_JITTER, each wait is drawn within this share of it either way"),
+    Spec("xds_client_backoff_jitter", "XDS_CLIENT_BACKOFF_JITTER", "--xds-client-backoff-jitter", "true", _bool,
+         "GRPC_XDS_SOTW: randomize the waits (replicas do not redial together)"),
+    Spec("xds_client_max_msg_size_in_bytes", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "--xds-client-max-msg-size-in-bytes",
+         "0", _xds_message_size, "GRPC_XDS_SOTW: the largest xDS response accepted, in bytes; 0: gRPC's 4 MiB"),
 )
 
 
@@ -520,6 +603,26 @@ class Settings:
     workers: int
     healthy_with_at_least_one_config_loaded: bool
     config_type: str
+    force_start_without_initial_config: bool
+    config_grpc_xds_node_id: str
+    config_grpc_xds_node_metadata: tuple[tuple[str, str], ...]
+    config_grpc_xds_server_url: str
+    config_grpc_xds_client_additional_headers: tuple[tuple[str, str], ...]
+    config_grpc_xds_server_use_tls: bool
+    config_grpc_xds_client_tls_cert: str
+    config_grpc_xds_client_tls_key: str
+    config_grpc_xds_server_tls_cacert: str
+    config_grpc_xds_server_tls_san: str
+    xds_client_backoff_initial_interval: float
+    xds_client_backoff_max_interval: float
+    xds_client_backoff_random_factor: float
+    xds_client_backoff_jitter: bool
+    xds_client_max_msg_size_in_bytes: int
+
+    @property
+    def uses_xds(self) -> bool:
+        """Whether the limits come from an xDS server (CONFIG_TYPE=GRPC_XDS_SOTW), not from files."""
+        return self.config_type == "GRPC_XDS_SOTW"
 
     @property
     def statsd_enabled(self) -> bool:
@@ -639,6 +742,8 @@ class Settings:
                                 "are two statsd sinks: set one of them (as envoyproxy/ratelimit asks)")
         if bool(self.redis_tls_client_cert) != bool(self.redis_tls_client_key):
             raise SettingsError("REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together")
+        if self.uses_xds:
+            self._check_xds()
         if self.workers > MAX_WORKERS:
             raise SettingsError(f"invalid settings:\n  --workers / WORKERS: {self.workers} is more than "
                                 f"{MAX_WORKERS}; one worker per core is the most that helps")
@@ -654,6 +759,26 @@ class Settings:
                 if port == 0:
                     raise SettingsError(f"invalid settings:\n  --workers / WORKERS above 1 needs a fixed port: {name} "
                                         "is 0 (any port), which would give each worker a different one")
+
+    def _check_xds(self) -> None:
+        if bool(self.config_grpc_xds_client_tls_cert) != bool(self.config_grpc_xds_client_tls_key):
+            raise SettingsError("invalid settings:\n  CONFIG_GRPC_XDS_CLIENT_TLS_CERT and "
+                                "CONFIG_GRPC_XDS_CLIENT_TLS_KEY go together")
+        tls_files = (self.config_grpc_xds_client_tls_cert or self.config_grpc_xds_server_tls_cacert
+                     or self.config_grpc_xds_server_tls_san)
+        if tls_files and not self.config_grpc_xds_server_use_tls:
+            raise SettingsError("invalid settings:\n  CONFIG_GRPC_XDS_CLIENT_TLS_CERT, _SERVER_TLS_CACERT and "
+                                "_SERVER_TLS_SAN need --config-grpc-xds-server-use-tls / "
+                                "CONFIG_GRPC_XDS_SERVER_USE_TLS=true")
+        if not self.config_grpc_xds_server_url.strip():
+            raise SettingsError("invalid settings:\n  --config-grpc-xds-server-url / CONFIG_GRPC_XDS_SERVER_URL "
+                                "must name the xDS server (host:port) with CONFIG_TYPE=GRPC_XDS_SOTW")
+        if self.xds_client_backoff_max_interval < self.xds_client_backoff_initial_interval:
+            raise SettingsError("invalid settings:\n  --xds-client-backoff-max-interval / "
+                                "XDS_CLIENT_BACKOFF_MAX_INTERVAL must be at least XDS_CLIENT_BACKOFF_INITIAL_INTERVAL")
+        if self.workers > 1:
+            raise SettingsError("invalid settings:\n  --workers / WORKERS above 1 is not offered with "
+                                "CONFIG_TYPE=GRPC_XDS_SOTW (each worker would hold a stream of its own)")
 
     @property
     def config_path(self) -> Path:

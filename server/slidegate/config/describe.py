@@ -9,8 +9,11 @@ from slidegate.config.model import Config, DescriptorNode, RateLimit
 
 def describe_config(config: Config) -> str:
     """``domain NAME (FILE):`` (and ``failure_mode: MODE`` when the domain sets one) then
-    ``  [key=value, key2] LIMIT FLAGS`` for every rule, domains by name."""
-    lines = []
+    ``  [key=value, key2] LIMIT FLAGS`` for every rule, domains by name; a config over xDS first says its
+    version (FILE is then the resource's name)."""
+    if not config.loaded:
+        return "no rate limit configuration loaded\n"
+    lines = [f"xds version {config.version}"] if config.version else []
     for name, domain in sorted(config.domains.items()):
         mode = f" failure_mode: {domain.failure_mode}" if domain.failure_mode else ""
         lines.append(f"domain {name} ({domain.source}):{mode}")

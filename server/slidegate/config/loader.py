@@ -8,6 +8,7 @@ YAML is composed into nodes (not plain dicts) so that each error can point at it
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -331,31 +332,38 @@ def _add(level: Level, node: DescriptorNode) -> bool:
 
 def _parse_file(path: Path, options: LoadOptions) -> tuple[DomainConfig, int, list[ConfigIssue]]:
     """Parse one file; return its config (possibly partial), the line of its domain and every issue."""
-    f = _File(str(path), options)
     config = DomainConfig(domain="", root=Level(), source=str(path))
-    text = ""
     if path.exists() and not path.is_file():  # reading a FIFO would block the load forever
         return config, 0, [ConfigIssue(str(path), 0, "", "not a regular file")]
     if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
         return config, 0, [ConfigIssue(str(path), 0, "", f"larger than {MAX_FILE_BYTES // 1024 // 1024} MiB")]
     try:
         text = path.read_text(encoding="utf-8")
-        documents = list(yaml.compose_all(text, Loader=_YAML_LOADER))
     except OSError as exc:
         return config, 0, [ConfigIssue(str(path), 0, "", f"cannot read file: {exc.strerror or exc}")]
     except UnicodeDecodeError as exc:
         return config, 0, [ConfigIssue(str(path), 0, "", f"not UTF-8 text: {exc.reason}")]
+    return _parse_text(str(path), text, options)
+
+
+def _parse_text(name: str, text: str, options: LoadOptions) -> tuple[DomainConfig, int, list[ConfigIssue]]:
+    """Parse one file's text (``name``: the file, in errors); return its config (possibly partial), the line of
+    its domain and every issue."""
+    f = _File(name, options)
+    config = DomainConfig(domain="", root=Level(), source=name)
+    try:
+        documents = list(yaml.compose_all(text, Loader=_YAML_LOADER))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         position = getattr(exc, "position", None)  # a reader error (e.g. a control character) has no mark
         line = mark.line + 1 if mark is not None else text[:position].count("\n") + 1 if position is not None else 0
         reason = getattr(exc, "problem", None) or getattr(exc, "reason", None) or str(exc)
-        return config, 0, [ConfigIssue(str(path), line, "", f"invalid YAML: {reason}")]
+        return config, 0, [ConfigIssue(name, line, "", f"invalid YAML: {reason}")]
     except RecursionError:
-        return config, 0, [ConfigIssue(str(path), 0, "", "invalid YAML: nested too deeply")]
+        return config, 0, [ConfigIssue(name, 0, "", "invalid YAML: nested too deeply")]
     root = documents[0] if documents else None
     if root is None:
-        return config, 0, [ConfigIssue(str(path), 0, "domain", "is required (the file is empty)")]
+        return config, 0, [ConfigIssue(name, 0, "domain", "is required (the file is empty)")]
     for extra in documents[1:]:
         # envoyproxy/ratelimit reads the first document and drops the rest without a word: limits its
         # operator wrote and never had. Refused, so that nobody is surprised either way.
@@ -363,17 +371,17 @@ def _parse_file(path: Path, options: LoadOptions) -> tuple[DomainConfig, int, li
             lines, at = text.split("\n"), extra.start_mark.line
             while at > 0 and not lines[at].startswith("---"):  # the line of its '---', not of its content
                 at -= 1
-            return config, 0, [ConfigIssue(str(path), at + 1, "", "a second YAML document "
+            return config, 0, [ConfigIssue(name, at + 1, "", "a second YAML document "
                                            "('---'): one file holds one domain (envoyproxy/ratelimit reads only "
                                            "the first and ignores the rest); put each in a file of its own")]
     try:
         line = _parse_root(f, root, config)
     except _TooLarge:
-        f.issues.append(ConfigIssue(str(path), 0, "", f"more than {MAX_MAPPINGS} descriptors and limits "
+        f.issues.append(ConfigIssue(name, 0, "", f"more than {MAX_MAPPINGS} descriptors and limits "
                                     "(after expanding YAML aliases): split it or drop aliases"))
         line = 0
     except RecursionError:
-        f.issues.append(ConfigIssue(str(path), 0, "", "descriptors nested too deeply, or a YAML alias "
+        f.issues.append(ConfigIssue(name, 0, "", "descriptors nested too deeply, or a YAML alias "
                                     "that contains itself"))
         line = 0
     return config, line, f.issues
@@ -429,10 +437,21 @@ def load_directory(directory: str | Path, options: LoadOptions = LoadOptions()) 
     directory = Path(directory)
     if not directory.is_dir():
         raise ConfigError([ConfigIssue(str(directory), 0, "", "config directory does not exist")])
+    return _assemble([_parse_file(path, options) for path in config_files(directory)], options)
+
+
+def load_texts(files: Sequence[tuple[str, str]], options: LoadOptions = LoadOptions()) -> Config:
+    """Load files given as (name, YAML text), as ``load_directory`` loads a directory's (the config over xDS
+    comes this way, each resource's name standing for a file). Raises ConfigError with every problem."""
+    return _assemble([_parse_text(name, text, options) for name, text in files], options)
+
+
+def _assemble(parsed: list[tuple[DomainConfig, int, list[ConfigIssue]]], options: LoadOptions) -> Config:
+    """One Config of the parsed files. Raises ConfigError with every problem of every file, and a domain defined
+    in two files without ``merge_domains`` (or, when merging, the same rule in two files)."""
     issues: list[ConfigIssue] = []
     domains: dict[str, DomainConfig] = {}
-    for path in config_files(directory):
-        config, line, file_issues = _parse_file(path, options)
+    for config, line, file_issues in parsed:
         issues.extend(file_issues)
         if not config.domain:
             continue
@@ -441,12 +460,12 @@ def load_directory(directory: str | Path, options: LoadOptions = LoadOptions()) 
             domains[config.domain] = config
         elif not options.merge_domains:
             issues.append(ConfigIssue(
-                str(path), line, "domain", f"duplicate domain '{config.domain}' (also in {first.source})"))
+                config.source, line, "domain", f"duplicate domain '{config.domain}' (also in {first.source})"))
         else:
-            issues.extend(_merge(first.root, config.root, config.domain, str(path)))
+            issues.extend(_merge(first.root, config.root, config.domain, config.source))
             if config.failure_mode and first.failure_mode not in (None, config.failure_mode):
                 issues.append(ConfigIssue(
-                    str(path), 0, "failure_mode", f"'{config.failure_mode}' conflicts with '{first.failure_mode}' "
+                    config.source, 0, "failure_mode", f"'{config.failure_mode}' conflicts with '{first.failure_mode}' "
                     f"for domain '{config.domain}' (merging domain files)"))
             elif config.failure_mode:
                 first.failure_mode = config.failure_mode

@@ -193,9 +193,13 @@ class DomainConfig:
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """A whole loaded config: domain name → rules."""
+    """A whole loaded config: domain name → rules. ``version``: the xDS version it came in ("" from files);
+    ``loaded``: False only for the placeholder served before an xDS config source's first config
+    (FORCE_START_WITHOUT_INITIAL_CONFIG), which every request is refused with."""
 
     domains: dict[str, DomainConfig]
+    version: str = ""
+    loaded: bool = True
 
     def limit_count(self) -> int:
         """How many limits (including unlimited ones) all domains hold."""

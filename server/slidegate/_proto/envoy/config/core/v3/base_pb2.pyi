@@ -1,6 +1,8 @@
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -13,3 +15,15 @@ class HeaderValue(_message.Message):
     value: str
     raw_value: bytes
     def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ..., raw_value: _Optional[bytes] = ...) -> None: ...
+
+class Node(_message.Message):
+    __slots__ = ("id", "cluster", "metadata", "user_agent_name")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    USER_AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    cluster: str
+    metadata: _struct_pb2.Struct
+    user_agent_name: str
+    def __init__(self, id: _Optional[str] = ..., cluster: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., user_agent_name: _Optional[str] = ...) -> None: ...
