@@ -57,13 +57,6 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(filter(None, (part.strip() for part in text.split(","))))
 
 
-def _flush_interval(text: str) -> float:
-    seconds = parse_duration(text)
-    if not 0.001 <= seconds <= 3600:
-        raise ValueError(f"{text!r} must be at least 1 ms and at most 1 h")
-    return seconds
-
-
 def _whole(text: str) -> int:
     if not re.fullmatch(r"\s*-?\d+\s*", text):
         raise ValueError(f"{text!r} is not a whole number")
@@ -118,14 +111,6 @@ def _message_size(text: str) -> int:
     return value
 
 
-def _timeout(text: str) -> float:
-    seconds = parse_duration(text)
-    # below a millisecond no Redis round trip fits (and the backend's deadlines are kept to 2 ms)
-    if not 0.001 <= seconds <= 60:
-        raise ValueError(f"{text!r} must be at least 1 ms and at most 60 s")
-    return seconds
-
-
 def _wait_timeout(text: str) -> float:
     seconds = parse_duration(text)
     if seconds < 0.001:
@@ -158,21 +143,26 @@ _PIPELINING = ("slidegate sends the calls that arrive while others are at Redis 
                "than 0 is logged at start")
 
 
-def _duration_up_to(most: float, said: str) -> Callable[[str], float]:
-    """A duration setting's parser: at most ``most`` seconds (``said`` in words)."""
+def _duration_within(least: float, most: float, said: str) -> Callable[[str], float]:
+    """A duration setting's parser: from ``least`` to ``most`` seconds (``said``: what it must be, in words)."""
 
     def parse(text: str) -> float:
         seconds = parse_duration(text)
-        if seconds > most:
-            raise ValueError(f"{text!r} must be at most {said}")
+        if not least <= seconds <= most:
+            raise ValueError(f"{text!r} must be {said}")
         return seconds
 
     return parse
 
 
-_pipeline_window = _duration_up_to(60, "60 s")
-_drain = _duration_up_to(3600, "1 h")
-_connection_age = _duration_up_to(365 * 86400, "a year")
+_pipeline_window = _duration_within(0, 60, "at most 60 s")
+_drain = _duration_within(0, 3600, "at most 1 h")
+_connection_age = _duration_within(0, 365 * 86400, "at most a year")
+_flush_interval = _duration_within(0.001, 3600, "at least 1 ms and at most 1 h")
+# below a millisecond no Redis round trip fits (and the backend's deadlines are kept to 2 ms)
+_timeout = _duration_within(0.001, 60, "at least 1 ms and at most 60 s")
+# below 10 ms a dead xDS server would be redialled in a busy loop
+_backoff_interval = _duration_within(0.01, 3600, "at least 10 ms and at most 1 h")
 
 
 def _ratio(text: str) -> float:
@@ -240,14 +230,6 @@ def _grpc_headers(text: str) -> tuple[tuple[str, str], ...]:
         if not _TOKEN.fullmatch(key.strip()):
             raise ValueError(f"{key!r} is not a header name (letters, digits and !#$%&'*+-.^_`|~)")
     return tuple((key.strip().lower(), value.strip()) for key, value in pairs)
-
-
-def _backoff_interval(text: str) -> float:
-    seconds = parse_duration(text)
-    # below 10 ms a dead server would be redialled in a busy loop
-    if not 0.01 <= seconds <= 3600:
-        raise ValueError(f"{text!r} must be at least 10 ms and at most 1 h")
-    return seconds
 
 
 def _random_factor(text: str) -> float:
