@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slidegate.algorithms import Algorithm, Store
-from slidegate.backends.base import Backend, Check
+from slidegate.backends.base import Backend, Check, admits
 from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.memory import MemoryBackend
 from slidegate.backends.redis import RedisBackend
@@ -175,6 +175,8 @@ def run_trace(redis_url: str, keep_alive: str, backend_name: str, algorithm: Alg
                     got = [(g[0], g[1], w[2] if abs(g[2] - w[2]) <= max(1, reset_error * w[2]) else g[2])
                            for g, w in zip(got, want, strict=True)]
                 assert (decision.admitted, got) == (admitted, want)
+                # the service answers from the outcomes by the same rule: it must agree with the storage's
+                assert decision.admitted == admits(checks, [o.over for o in decision.outcomes])
         finally:
             await backend.close()
 
