@@ -294,3 +294,40 @@ def test_serve_waits_for_the_first_config_unless_forced(ads: AdsServer, serve: C
     assert wait_for(lambda: forced.http("/rlconfig")[1].startswith("xds version 1\n"), 10)
     assert wait_for(lambda: forced.http("/healthcheck") == (200, "OK"), 10)
     assert should_rate_limit(forced, "d1", "k").overall_code == rls_pb2.RateLimitResponse.OK
+
+
+async def test_the_same_resources_under_a_new_version_are_acked_without_a_load(ads: AdsServer) -> None:
+    ads.set([limit("d1", "k", 5)])
+    following = Following(Settings.load(xds_env(ads.port)))
+    try:
+        await following.until(lambda: following.source.first.is_set())
+        domains = following.holder.current.domains
+        ads.set([limit("d1", "k", 5)])  # a server pushing its snapshot again
+        await following.until(lambda: following.holder.current.version == "2")
+        assert ads.requests()[-1].version_info == "2" and not ads.requests()[-1].HasField("error_detail")
+        assert following.holder.current.domains is domains  # not loaded again
+        assert following.count("config_load_success") == 1
+        ads.set([limit("d1", "k", 6)])  # changed: loaded
+        await following.until(lambda: following.holder.current.version == "3")
+        assert following.count("config_load_success") == 2
+    finally:
+        await following.close()
+
+
+def test_a_unit_the_enum_does_not_name_is_a_config_error() -> None:
+    # envoyproxy/ratelimit src/config/config_xds.go writes pb.Unit.String(), a number for an unknown value, which
+    # its loader refuses as any unknown unit
+    resource = limit("d", "k", 5)
+    resource.descriptors[0].rate_limit.unit = 99  # type: ignore[assignment]
+    with pytest.raises(ConfigError, match=r"descriptors\[0\]\.rate_limit\.unit: unknown unit '99'"):
+        load_resources([resource], "1", LoadOptions())
+
+
+def test_a_snapshot_past_the_bound_is_refused_before_it_is_converted() -> None:
+    resource = conf.RateLimitConfig(name="huge", domain="d")
+    for i in range(60_000):
+        resource.descriptors.add(key=f"k{i}").rate_limit.requests_per_unit = 1
+    with pytest.raises(ConfigError) as caught:
+        load_resources([resource], "1", LoadOptions())
+    # counted on the message, not by the loader (whose words add "after expanding YAML aliases")
+    assert [str(i) for i in caught.value.issues] == ["huge: more than 100000 descriptors and limits"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import ssl
@@ -34,6 +35,8 @@ from slidegate.reload import ConfigHolder
 from slidegate.settings import Settings
 
 log = logging.getLogger(__name__)
+KEEPALIVE_MS = 30_000  # a ping after 30 s of silence on the stream
+KEEPALIVE_TIMEOUT_MS = 10_000  # and the connection given up 10 s later without its answer
 _INVALID_ARGUMENT = 3  # google.rpc.Code: the code of a NACK's error_detail, as go-control-plane's client sends it
 
 
@@ -103,11 +106,16 @@ class XdsConfigSource:
         self._node = node(settings)
         self.first = asyncio.Event()
         self.version = ""  # of the config in force
+        self._resources: list[bytes] = []  # the resources of the config in force, as they came
         self._answered = False  # the stream in progress has brought a response
 
     def _channel(self) -> grpc.aio.Channel:
         target = self._settings.config_grpc_xds_server_url
-        options: list[tuple[str, str | int]] = []
+        # keepalive pings: a server that went away without a word (a partition, a node gone) ends the stream
+        # instead of leaving it open and the limits silently stale
+        options: list[tuple[str, str | int]] = [("grpc.keepalive_time_ms", KEEPALIVE_MS),
+                                                ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+                                                ("grpc.keepalive_permit_without_calls", 1)]
         if self._settings.xds_client_max_msg_size_in_bytes:
             options.append(("grpc.max_receive_message_length", self._settings.xds_client_max_msg_size_in_bytes))
         if not self._settings.config_grpc_xds_server_use_tls:
@@ -171,6 +179,14 @@ class XdsConfigSource:
         """Take ``response`` into force when it is valid; return its ACK, or its NACK."""
         try:
             resources = parse_response(response)
+            raw = [r.value for r in response.resources]
+            if self.first.is_set() and raw == self._resources:
+                # the same resources under a new version (a server pushing as often as it likes): nothing to load,
+                # only the version it is known by changes
+                self.version = response.version_info
+                self._holder.current = dataclasses.replace(self._holder.current, version=self.version)
+                log.debug("xDS config version %s: the same resources, kept", self.version)
+                return self._ack(response)
             # in a thread: a large config must not stall decisions
             config = await asyncio.to_thread(load_resources, resources, response.version_info, self._options)
         except (InvalidResponse, ConfigError) as exc:
@@ -179,11 +195,14 @@ class XdsConfigSource:
             log.exception("xDS config version %s could not be loaded", response.version_info)
             return self._refuse(response, f"cannot load it: {exc!r}")
         self._holder.current = config
-        self.version = response.version_info
+        self.version, self._resources = response.version_info, raw
         self._metrics.config_load_success.inc()
         self.first.set()
         log.info("xDS config version %s in force: %d domains, %d limits", self.version, len(config.domains),
                  config.limit_count())
+        return self._ack(response)
+
+    def _ack(self, response: discovery_pb2.DiscoveryResponse) -> discovery_pb2.DiscoveryRequest:
         return discovery_pb2.DiscoveryRequest(version_info=self.version, node=self._node, type_url=TYPE_URL,
                                               response_nonce=response.nonce)
 

@@ -17,7 +17,7 @@ from google.protobuf import json_format
 
 from slidegate._proto.ratelimit.config.ratelimit.v3 import rls_conf_pb2
 from slidegate.config.errors import ConfigError, ConfigIssue
-from slidegate.config.loader import LoadOptions, load_texts
+from slidegate.config.loader import MAX_MAPPINGS, LoadOptions, load_texts
 from slidegate.config.model import Config
 
 TYPE_URL = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig"
@@ -27,7 +27,10 @@ _FLAGS = ("shadow_mode", "detailed_metric", "quota_mode")
 def _policy(policy: rls_conf_pb2.RateLimitPolicy) -> dict[str, Any]:
     out: dict[str, Any] = {"requests_per_unit": policy.requests_per_unit}
     if policy.unit != rls_conf_pb2.UNKNOWN:
-        out["unit"] = rls_conf_pb2.RateLimitUnit.Name(policy.unit)
+        # a number the enum does not name is written as the number, as Go's String() does, and refused by the
+        # loader as any unknown unit
+        named = policy.unit in rls_conf_pb2.RateLimitUnit.values()
+        out["unit"] = rls_conf_pb2.RateLimitUnit.Name(policy.unit) if named else str(policy.unit)
     if policy.unlimited:
         out["unlimited"] = True
     if policy.name:
@@ -61,10 +64,18 @@ def to_yaml(resource: rls_conf_pb2.RateLimitConfig) -> str:
     return yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
 
 
+def _count(descriptors: Sequence[rls_conf_pb2.RateLimitDescriptor]) -> int:
+    return sum(1 + d.HasField("rate_limit") + _count(d.descriptors) for d in descriptors)
+
+
 def load_resources(resources: Sequence[rls_conf_pb2.RateLimitConfig], version: str, options: LoadOptions) -> Config:
     """The config of a whole state-of-the-world response (``version``: its version_info). Raises ConfigError with
     every problem, each naming its resource; their lines are left out (they would count lines of YAML that only
     this module ever saw), the field paths say where."""
+    for resource in resources:
+        # the loader's bound, counted on the message: a snapshot far past it is refused before its YAML is built
+        if _count(resource.descriptors) > MAX_MAPPINGS:
+            raise ConfigError([ConfigIssue(resource.name, 0, "", f"more than {MAX_MAPPINGS} descriptors and limits")])
     try:
         config = load_texts([(r.name, to_yaml(r)) for r in resources], options)
     except ConfigError as exc:
