@@ -433,6 +433,7 @@ def test_connections_are_asked_to_go_after_their_max_age(write_config: Callable[
         channel.subscribe(states.append)
         stub = rls_pb2_grpc.RateLimitServiceStub(channel)
         assert stub.ShouldRateLimit(request("p", descriptor(("user", "age"))), timeout=5).overall_code == OK
-        assert wait_for(lambda: grpc.ChannelConnectivity.IDLE in states[states.index(
-            grpc.ChannelConnectivity.READY):], timeout=5), states
+        # the states come on gRPC's own thread: READY may not be there yet when the call has returned
+        assert wait_for(lambda: grpc.ChannelConnectivity.READY in states and grpc.ChannelConnectivity.IDLE in states[
+            states.index(grpc.ChannelConnectivity.READY):], timeout=5), states
         assert stub.ShouldRateLimit(request("p", descriptor(("user", "age"))), timeout=5).overall_code == OK
