@@ -19,7 +19,7 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from slidegate import stack
 from slidegate.settings import Settings, SettingsError
@@ -140,16 +140,20 @@ def test_spans_go_to_the_collector_with_the_callers_trace_continued(
     assert stub.ShouldRateLimit(call, metadata=(("traceparent", traceparent),)).overall_code == OK
     assert stub.ShouldRateLimit(call).overall_code == OVER_LIMIT  # Redis says so
     assert stub.ShouldRateLimit(call).overall_code == OVER_LIMIT  # the over-limit cache says so: no storage call
-    assert wait_for(lambda: len(received.spans()) >= 5, timeout=10), received.spans()
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.ShouldRateLimit(request("", descriptor(("client", SECRET))))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert wait_for(lambda: len(received.spans()) >= 6, timeout=10), received.spans()
     spans = received.spans()
-    assert len(spans) == 5
+    assert len(spans) == 6
     for resource, _ in spans:
         assert resource["service.name"] == "RateLimit"
         assert resource["service.namespace"] == "edge"
         assert resource["service.instance.id"] == "replica-7"
     calls = sorted((s for _, s in spans if s.name == SERVER_SPAN), key=lambda s: s.start_time_unix_nano)
     storage = sorted((s for _, s in spans if s.name == STORAGE_SPAN), key=lambda s: s.start_time_unix_nano)
-    assert (len(calls), len(storage)) == (3, 2)
+    assert (len(calls), len(storage)) == (4, 2)
+    assert [s.status.code for s in calls] == [Status.STATUS_CODE_UNSET] * 3 + [Status.STATUS_CODE_ERROR]
     assert all(s.kind == Span.SPAN_KIND_SERVER for s in calls)
     assert all(s.kind == Span.SPAN_KIND_CLIENT for s in storage)
     # the first call continues the client's trace; the others start their own
@@ -158,7 +162,7 @@ def test_spans_go_to_the_collector_with_the_callers_trace_continued(
     assert calls[1].trace_id != calls[2].trace_id
     for parent, child in zip(calls, storage, strict=False):
         assert (child.trace_id, child.parent_span_id) == (parent.trace_id, parent.span_id)
-    assert [_attributes(s) for s in calls] == [
+    assert [_attributes(s) for s in calls[:3]] == [
         {"rpc.system": "grpc", "rpc.service": "envoy.service.ratelimit.v3.RateLimitService",
          "rpc.method": "ShouldRateLimit", "ratelimit.domain": "d", "ratelimit.descriptors": 1,
          "ratelimit.overall_code": code} for code in ("OK", "OVER_LIMIT", "OVER_LIMIT")]
