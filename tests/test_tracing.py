@@ -133,7 +133,9 @@ def test_spans_go_to_the_collector_with_the_callers_trace_continued(
     write_config: Callable[..., Path], serve: Callable[..., Served], otlp: tuple[dict[str, str], Received],
 ) -> None:
     env, received = otlp
-    served = serve(write_config(CONFIG), env=env)
+    # the SDK's own resource variables add to TRACING_SERVICE_*, and do not override them
+    served = serve(write_config(CONFIG), env={**env, "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test",
+                                              "OTEL_SERVICE_NAME": "other"})
     stub = served.stub()
     call = request("d", descriptor(("client", SECRET)))
     traceparent = f"00-{TRACE_ID}-{PARENT_ID}-01"
@@ -150,6 +152,7 @@ def test_spans_go_to_the_collector_with_the_callers_trace_continued(
         assert resource["service.name"] == "RateLimit"
         assert resource["service.namespace"] == "edge"
         assert resource["service.instance.id"] == "replica-7"
+        assert resource["deployment.environment"] == "test"
     calls = sorted((s for _, s in spans if s.name == SERVER_SPAN), key=lambda s: s.start_time_unix_nano)
     storage = sorted((s for _, s in spans if s.name == STORAGE_SPAN), key=lambda s: s.start_time_unix_nano)
     assert (len(calls), len(storage)) == (4, 2)
