@@ -39,10 +39,11 @@ def test_the_migration_page_lists_every_variable_as_the_code_handles_it() -> Non
 
 
 def test_the_start_up_line_names_each_unread_variable_set() -> None:
-    assert unread_line({"REDIS_URL": "x", "PATH": "/bin", "TRACING_ENABLED": "false", "GRPC_UDS": ""}) is None
-    line = unread_line({"TRACING_ENABLED": "true", "PROTO": "tcp", "REDIS_URL": "x"})
+    assert unread_line({"REDIS_URL": "x", "PATH": "/bin", "PROTO": "", "GRPC_UDS": ""}) is None
+    line = unread_line({"MEMCACHE_SRV": "x", "PROTO": "tcp", "REDIS_URL": "x", "TRACING_ENABLED": "true"})
     assert line == ("envoyproxy/ratelimit settings this service does not read: PROTO (ignored: every listener is "
-                    "TCP); TRACING_ENABLED (ignored: no tracing yet)")
+                    "TCP); MEMCACHE_SRV (ignored: there is no memcached backend (BACKEND_TYPE=memcache is refused: "
+                    "memcached cannot decide several limits at once, atomically))")
 
 
 def test_envoy_gateways_ca_variable_is_named_as_ignored() -> None:
@@ -53,8 +54,8 @@ def test_envoy_gateways_ca_variable_is_named_as_ignored() -> None:
 
 
 def test_serve_says_it_at_start(write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
-    served = serve(write_config("domain: d\ndescriptors: []\n"), env={"TRACING_ENABLED": "true"})
-    assert wait_for(lambda: "does not read: TRACING_ENABLED (ignored: no tracing yet)" in served.output())
+    served = serve(write_config("domain: d\ndescriptors: []\n"), env={"PROTO": "tcp"})
+    assert wait_for(lambda: "does not read: PROTO (ignored: every listener is TCP)" in served.output())
 
 
 @pytest.mark.parametrize(("variable", "value", "reason"), [

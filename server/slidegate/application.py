@@ -90,11 +90,12 @@ def make_statsd_sink(settings: Settings, store: StatsStore, environ: Mapping[str
                       LineFormat(dog=dog, extra_tags=settings.extra_tags, mogrifiers=mogrifiers))
 
 
-def make_backend(settings: Settings) -> Backend:
-    """The storage backend the settings ask for. Raises ValueError for a malformed Redis URL or a TLS file
-    that does not exist."""
+def make_backend(settings: Settings, traced: Callable[[Backend, str], Backend] | None = None) -> Backend:
+    """The storage backend the settings ask for; ``traced`` wraps the storage itself (below the over-limit
+    cache, whose answers are no storage call), given its kind (slidegate.tracing). Raises ValueError for a
+    malformed Redis URL or a TLS file that does not exist."""
     if settings.backend_type == "memory":
-        return MemoryBackend()
+        return traced(MemoryBackend(), "memory") if traced is not None else MemoryBackend()
     for name in ("redis_tls_cacert", "redis_tls_client_cert", "redis_tls_client_key"):
         file = getattr(settings, name)
         if file and not Path(file).is_file():
@@ -109,6 +110,9 @@ def make_backend(settings: Settings) -> Backend:
             settings, settings.redis_persecond_type, settings.redis_persecond_url, settings.redis_persecond_tls,
             settings.redis_persecond_auth, settings.redis_persecond_sentinel_auth,
             settings.redis_persecond_pool_size, 0))
+    if traced is not None:
+        backend = traced(backend, f"redis {settings.redis_type}" + (
+            f", per second: redis {settings.redis_persecond_type}" if settings.redis_persecond else ""))
     if not settings.local_cache_size_in_bytes:
         return backend
     # the cache: a request that can only be rejected costs no round trip (one cache for both Redis of

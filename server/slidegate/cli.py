@@ -28,7 +28,7 @@ from slidegate.config.describe import describe_config
 from slidegate.demo import run_demo
 from slidegate.logs import configure_logging
 from slidegate.reference_env import unread_line
-from slidegate.server import run
+from slidegate.server import run, tracing_missing
 from slidegate.settings import SPECS, Settings, SettingsError
 from slidegate.workers import run_workers
 
@@ -61,6 +61,10 @@ def serve(**flags: str | None) -> None:
         click.echo(str(exc), err=True)
         sys.exit(2)
     configure_logging(settings.log_level, settings.log_format)
+    missing = tracing_missing(settings)
+    if missing:
+        click.echo(missing, err=True)
+        sys.exit(2)
     unread = unread_line(os.environ)
     if unread:
         log.warning("%s", unread)

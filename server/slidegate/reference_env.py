@@ -66,7 +66,6 @@ GATEWAY_VARIABLES = ("GRPC_SERVER_TLS_CA_CERT",)
 
 _MEMCACHE = Unread(Handling.IGNORED, "there is no memcached backend (BACKEND_TYPE=memcache is refused: memcached "
                                      "cannot decide several limits at once, atomically)")
-_TRACING = Unread(Handling.IGNORED, "no tracing yet")
 
 UNREAD: dict[str, Unread] = {
     "PROTO": Unread(Handling.IGNORED, "every listener is TCP"),
@@ -98,12 +97,6 @@ UNREAD: dict[str, Unread] = {
     "MEMCACHE_TLS_CLIENT_KEY": _MEMCACHE,
     "MEMCACHE_TLS_CACERT": _MEMCACHE,
     "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION": _MEMCACHE,
-    "TRACING_ENABLED": _TRACING,
-    "TRACING_SERVICE_NAME": _TRACING,
-    "TRACING_SERVICE_NAMESPACE": _TRACING,
-    "TRACING_SERVICE_INSTANCE_ID": _TRACING,
-    "TRACING_EXPORTER_PROTOCOL": _TRACING,
-    "TRACING_SAMPLING_RATE": _TRACING,
     "GRPC_SERVER_TLS_CA_CERT": Unread(Handling.IGNORED, "Envoy Gateway sets it, and envoyproxy/ratelimit reads no "
                                                         "such variable (client certificates are asked for with "
                                                         "GRPC_CLIENT_TLS_CACERT): the gRPC listener does TLS without "

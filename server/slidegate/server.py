@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import os
 import signal
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -21,7 +22,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from slidegate.allocator import return_large_blocks
-from slidegate.application import build, make_statsd_sink
+from slidegate.application import build, make_backend, make_statsd_sink
 from slidegate.config import LoadOptions
 from slidegate.health import Health
 from slidegate.heap import Heap
@@ -32,6 +33,9 @@ from slidegate.service import RateLimitService
 from slidegate.settings import DEFAULT_MAX_RECV_MSG_SIZE, Settings
 from slidegate.tls import ClientSanCheck, server_credentials
 from slidegate.xds import XdsConfigSource
+
+if TYPE_CHECKING:
+    from slidegate.tracing import Tracing
 
 run_loop: Callable[[Coroutine[Any, Any, None]], None]
 try:
@@ -49,13 +53,14 @@ async def start_server(
     service: RateLimitService, host: str, port: int, credentials: grpc.ServerCredentials | None = None,
     *, reuse_port: bool = False, max_message_size: int = DEFAULT_MAX_RECV_MSG_SIZE, client_san: str = "",
     uds: str = "", connection_age: tuple[float, float] = (0, 0),
+    handler: grpc.GenericRpcHandler[Any, Any] | None = None,
 ) -> tuple[grpc.aio.Server, HealthServicer, int]:
     """Start a gRPC server with the rate-limit, health and reflection services on ``host:port``, or on the unix
     socket ``uds`` (TLS with ``credentials``; shared with other processes with ``reuse_port``; requests of at most
     ``max_message_size`` bytes; with ``client_san``, only for clients whose certificate carries it:
     slidegate.tls.ClientSanCheck; ``connection_age``: a connection's most age and its grace, in seconds, 0 for
-    none); return it, its health servicer (statuses still unset) and the bound port. Raises OSError when the
-    address cannot be bound."""
+    none; ``handler``: the rate-limit service's handler, when not its own: slidegate.tracing's); return it, its
+    health servicer (statuses still unset) and the bound port. Raises OSError when the address cannot be bound."""
     options: list[tuple[str, int]] = [
         # without SO_REUSEPORT a second server on a taken port fails instead of silently sharing it; workers
         # share theirs on purpose (slidegate.workers checks first that nobody else holds it)
@@ -69,7 +74,7 @@ async def start_server(
         options += [("grpc.max_connection_age_ms", round(age * 1000)),
                     ("grpc.max_connection_age_grace_ms", round(grace * 1000))]
     server = grpc.aio.server(interceptors=[ClientSanCheck(client_san)] if client_san else None, options=options)
-    server.add_generic_rpc_handlers((service.handler(),))
+    server.add_generic_rpc_handlers((handler or service.handler(),))
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -93,7 +98,9 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
     for an invalid config, ValueError for a malformed Redis URL and OSError when a port is taken or a TLS file
     cannot be read."""
     heap = Heap()
-    app = build(settings, heap=heap)
+    tracing = start_tracing(settings)
+    app = build(settings, heap=heap,
+                backend=make_backend(settings, tracing.backend if tracing is not None else None))
     sink = make_statsd_sink(settings, app.metrics.store, os.environ)
     directory, holder, backend = settings.config_path, app.holder, app.backend
     if not settings.uses_xds and not holder.current.domains:
@@ -134,7 +141,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
             app.service, settings.grpc_host, settings.grpc_port, credentials, reuse_port=reuse_port,
             max_message_size=settings.grpc_max_recv_msg_size, client_san=settings.grpc_client_tls_san,
             uds=settings.grpc_uds,
-            connection_age=(settings.grpc_max_connection_age, settings.grpc_max_connection_age_grace))
+            connection_age=(settings.grpc_max_connection_age, settings.grpc_max_connection_age_grace),
+            handler=tracing.handler(app.service) if tracing is not None else None)
     except BaseException:
         if source_task is not None:  # a port taken: the stream must not outlive the start
             await _cancel(source_task)
@@ -189,6 +197,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
         log.info("storage: %s", backend.describe())
         if sink is not None:
             log.info("stats: %s, counters every %g s", sink.describe(), settings.stats_flush_interval)
+        if tracing is not None:
+            log.info("tracing: %s", tracing.describe())
         if ready is not None:
             ready.set()
         await stop.wait()
@@ -213,7 +223,32 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
         for runner in runners:
             await runner.cleanup()
         await backend.close()
+        if tracing is not None:
+            # the spans of the last calls go out; the SDK blocks while it sends them
+            await asyncio.to_thread(tracing.shutdown)
     log.info("stopped")
+
+
+def start_tracing(settings: Settings) -> Tracing | None:
+    """The tracing TRACING_ENABLED asks for, None when off. slidegate.tracing is loaded only then: it imports
+    the OpenTelemetry SDK (the optional extra ``tracing``), which a process without tracing does without.
+    Raises ImportError without the extra (`slidegate serve` checks it first, see ``tracing_missing``)."""
+    if not settings.tracing_enabled:
+        return None
+    tracing: Tracing = importlib.import_module("slidegate.tracing").Tracing(settings)
+    return tracing
+
+
+def tracing_missing(settings: Settings) -> str | None:
+    """Why tracing cannot start (the extra is not installed), None when it can or is off."""
+    if not settings.tracing_enabled:
+        return None
+    try:
+        importlib.import_module("slidegate.tracing")
+    except ImportError as exc:
+        return (f"TRACING_ENABLED=true needs the OpenTelemetry SDK and its OTLP exporters, which are not installed "
+                f"({exc}): install slidegate's tracing extra (pip install 'slidegate[tracing]')")
+    return None
 
 
 async def _watch_files(settings: Settings, options: LoadOptions, holder: ConfigHolder, metrics: Metrics,

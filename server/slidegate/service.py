@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -236,11 +236,17 @@ class RateLimitService:
         self._prepared: dict[bytes, Prepared] = {}
         self._prepared_config: object = None  # the config every remembered request was matched against
         self._outage = OutageLog()
+        # told each answer of a gRPC call with its request (slidegate.tracing sets it to describe the call's span);
+        # None, its default, costs the call one test
+        self.on_answer: Callable[[Prepared, rls_pb2.RateLimitResponse], None] | None = None
 
-    def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
-        """The gRPC handler to add to a server (reads requests leniently, see the module docstring)."""
+    def handler(
+        self, call: Callable[[bytes, Context], Awaitable[rls_pb2.RateLimitResponse]] | None = None,
+    ) -> grpc.GenericRpcHandler[Any, Any]:
+        """The gRPC handler to add to a server (reads requests leniently, see the module docstring); ``call``
+        answers in place of ``should_rate_limit`` (slidegate.tracing's wraps it)."""
         method = grpc.unary_unary_rpc_method_handler(
-            self.should_rate_limit,
+            call or self.should_rate_limit,
             request_deserializer=None,  # the bytes themselves: they key the prepared requests
             response_serializer=rls_pb2.RateLimitResponse.SerializeToString,
         )
@@ -256,7 +262,10 @@ class RateLimitService:
             if prepared is None or not self._limiter.is_current(prepared.plan):
                 prepared = self._prepare_bytes(request)
             # answer within the caller's deadline (Envoy sends its filter timeout as the gRPC deadline)
-            return await self.answer(prepared, context.time_remaining())
+            response = await self.answer(prepared, context.time_remaining())
+            if self.on_answer is not None:
+                self.on_answer(prepared, response)
+            return response
         except UNDECIDED as exc:
             self.refused(exc)
             remaining = context.time_remaining()

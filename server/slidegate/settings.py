@@ -172,6 +172,13 @@ def _ratio(text: str) -> float:
     return value
 
 
+def _sampling_rate(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise ValueError(f"{value} must be between 0 and 1")
+    return value
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         lowered = text.strip().lower()
@@ -493,6 +500,19 @@ SPECS: tuple[Spec, ...] = (
          "GRPC_XDS_SOTW: randomize the waits (replicas do not redial together)"),
     Spec("xds_client_max_msg_size_in_bytes", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "--xds-client-max-msg-size-in-bytes",
          "0", _xds_message_size, "GRPC_XDS_SOTW: the largest xDS response accepted, in bytes; 0: gRPC's 4 MiB"),
+    Spec("tracing_enabled", "TRACING_ENABLED", "--tracing-enabled", "false", _bool,
+         "export OpenTelemetry spans (a span per ShouldRateLimit call, a child per storage call) over OTLP to "
+         "OTEL_EXPORTER_OTLP_ENDPOINT; needs the tracing extra (pip install 'slidegate[tracing]')"),
+    Spec("tracing_service_name", "TRACING_SERVICE_NAME", "--tracing-service-name", "RateLimit", str,
+         "the spans' service.name"),
+    Spec("tracing_service_namespace", "TRACING_SERVICE_NAMESPACE", "--tracing-service-namespace", "", str,
+         "the spans' service.namespace"),
+    Spec("tracing_service_instance_id", "TRACING_SERVICE_INSTANCE_ID", "--tracing-service-instance-id", "", str,
+         "the spans' service.instance.id; empty: a random UUID for each process"),
+    Spec("tracing_exporter_protocol", "TRACING_EXPORTER_PROTOCOL", "--tracing-exporter-protocol", "http",
+         _choice("http", "grpc"), "OTLP over http (protobuf) or grpc"),
+    Spec("tracing_sampling_rate", "TRACING_SAMPLING_RATE", "--tracing-sampling-rate", "1", _sampling_rate,
+         "the share of traces started here that are sampled, 0 to 1; a caller's traceparent decides for its own"),
 )
 
 
@@ -600,6 +620,12 @@ class Settings:
     xds_client_backoff_random_factor: float
     xds_client_backoff_jitter: bool
     xds_client_max_msg_size_in_bytes: int
+    tracing_enabled: bool
+    tracing_service_name: str
+    tracing_service_namespace: str
+    tracing_service_instance_id: str
+    tracing_exporter_protocol: str
+    tracing_sampling_rate: float
 
     @property
     def uses_xds(self) -> bool:
