@@ -201,7 +201,7 @@ def test_serve_refuses_to_start_without_the_tracing_extra(write_config: Callable
                           env={**os.environ, "PYTHONPATH": path, "TRACING_ENABLED": "true"})
     assert done.returncode == 2
     assert "TRACING_ENABLED=true needs the OpenTelemetry SDK" in done.stderr
-    assert "pip install 'slidegate[tracing]'" in done.stderr
+    assert "pip install -e '.[tracing]' in a checkout" in done.stderr
 
 
 @pytest.mark.parametrize(("variable", "value"), [

@@ -247,7 +247,7 @@ def tracing_missing(settings: Settings) -> str | None:
         importlib.import_module("slidegate.tracing")
     except ImportError as exc:
         return (f"TRACING_ENABLED=true needs the OpenTelemetry SDK and its OTLP exporters, which are not installed "
-                f"({exc}): install slidegate's tracing extra (pip install 'slidegate[tracing]')")
+                f"({exc}): install slidegate's tracing extra (pip install -e '.[tracing]' in a checkout)")
     return None
 
 

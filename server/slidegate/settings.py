@@ -502,7 +502,7 @@ SPECS: tuple[Spec, ...] = (
          "0", _xds_message_size, "GRPC_XDS_SOTW: the largest xDS response accepted, in bytes; 0: gRPC's 4 MiB"),
     Spec("tracing_enabled", "TRACING_ENABLED", "--tracing-enabled", "false", _bool,
          "export OpenTelemetry spans (a span per ShouldRateLimit call, a child per storage call) over OTLP to "
-         "OTEL_EXPORTER_OTLP_ENDPOINT; needs the tracing extra (pip install 'slidegate[tracing]')"),
+         "OTEL_EXPORTER_OTLP_ENDPOINT; needs the tracing extra (pip install -e '.[tracing]' in a checkout)"),
     Spec("tracing_service_name", "TRACING_SERVICE_NAME", "--tracing-service-name", "RateLimit", str,
          "the spans' service.name"),
     Spec("tracing_service_namespace", "TRACING_SERVICE_NAMESPACE", "--tracing-service-namespace", "", str,
