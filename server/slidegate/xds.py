@@ -152,8 +152,9 @@ class XdsConfigSource:
                 failures = 0
             wait = backoff(failures, self._settings)
             failures += 1
-            log.warning("xDS server %s: %s; serving the config in force (%s); dialling again in %.1f s", url, reason,
-                        f"version {self.version}" if self.first.is_set() else "none yet", wait)
+            log.warning("xDS server %s: %s; %s; dialling again in %.1f s", url, reason,
+                        f"serving the config in force (version {self.version})" if self.first.is_set()
+                        else "no config yet", wait)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), wait)
 
