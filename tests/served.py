@@ -55,9 +55,10 @@ class Starter:
         self.started: list[Served] = []
 
     def start(self, config_dir: Path | None, *args: str, url: str | None = None, wait: bool = True,
-              env: dict[str, str] | None = None, log_path: Path | None = None) -> Served:
+              env: dict[str, str] | None = None, log_path: Path | None = None, attempts: int = 3) -> Served:
         """Start one; ``wait`` for its gRPC health to say SERVING (plaintext servers only); its log goes to
-        ``log_path`` when given."""
+        ``log_path`` when given. A free port can be taken by another process before the server binds it: then
+        it starts again on others, up to ``attempts`` times."""
         grpc_port, http_port, debug_port = stack.free_port(), stack.free_port(), stack.free_port()
         log = log_path.open("w+b") if log_path else tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop_all
         where = ["--config", str(config_dir)] if config_dir is not None else []  # None: RUNTIME_* decide
@@ -72,6 +73,11 @@ class Starter:
             try:
                 stack.wait_grpc_serving(grpc_port)
             except TimeoutError as exc:  # say why: the process's own words
+                if process.poll() is not None and "address already in use" in served.output() and attempts > 1:
+                    self.started.remove(served)
+                    served.log.close()
+                    return self.start(config_dir, *args, url=url, wait=wait, env=env, log_path=log_path,
+                                      attempts=attempts - 1)
                 raise TimeoutError(f"{exc} (exit code {process.poll()}); its log:\n{served.output()[-3000:]}") from exc
         return served
 
