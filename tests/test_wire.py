@@ -15,8 +15,9 @@ from google.protobuf import json_format
 from slidegate._proto.envoy.config.core.v3 import base_pb2
 from slidegate._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from slidegate._proto.envoy.service.discovery.v3 import ads_pb2, discovery_pb2
+from slidegate._proto.envoy.service.rate_limit_quota.v3 import rlqs_pb2
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
-from slidegate._proto.envoy.type.v3 import ratelimit_unit_pb2
+from slidegate._proto.envoy.type.v3 import ratelimit_strategy_pb2, ratelimit_unit_pb2, token_bucket_pb2
 from tests.proto_shapes import describe_message
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,6 +98,22 @@ def test_the_xds_client_messages_are_envoys() -> None:
     ours_method = [method.full_name, method.input_type.full_name, method.output_type.full_name,
                    method.client_streaming, method.server_streaming]
     assert ours_method in theirs["service"] and ours_method[3:] == [True, True]
+
+
+def test_the_quota_service_messages_are_envoys() -> None:
+    """protos/envoy/service/rate_limit_quota and the token bucket and strategy it uses: every field as Envoy's,
+    and the streaming method the same."""
+    theirs = xds("describe_quota")
+    ours: dict[str, Any] = {}
+    for desc in (rlqs_pb2.RateLimitQuotaUsageReports.DESCRIPTOR, rlqs_pb2.RateLimitQuotaResponse.DESCRIPTOR,
+                 rlqs_pb2.BucketId.DESCRIPTOR, ratelimit_strategy_pb2.RateLimitStrategy.DESCRIPTOR,
+                 token_bucket_pb2.TokenBucket.DESCRIPTOR):
+        describe_message(desc, ours)
+    method = rlqs_pb2.DESCRIPTOR.services_by_name["RateLimitQuotaService"].methods_by_name["StreamRateLimitQuotas"]
+    ours["service"] = [[method.full_name, method.input_type.full_name, method.output_type.full_name,
+                        method.client_streaming, method.server_streaming]]
+    assert ours == theirs
+    assert "envoy.type.v3.TokenBucket" in ours and "envoy.type.v3.RateLimitStrategy" in ours
 
 
 def test_request_round_trips_through_xds_protos() -> None:

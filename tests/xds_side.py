@@ -13,8 +13,9 @@ from typing import Any
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.discovery.v3 import ads_pb2, discovery_pb2
+from envoy.service.rate_limit_quota.v3 import rlqs_pb2
 from envoy.service.ratelimit.v3 import rls_pb2
-from envoy.type.v3 import ratelimit_unit_pb2
+from envoy.type.v3 import ratelimit_strategy_pb2, ratelimit_unit_pb2, token_bucket_pb2
 from google.protobuf import json_format
 from google.protobuf.unknown_fields import UnknownFieldSet
 from proto_shapes import describe_message  # beside this file: run as a script, not as tests.xds_side
@@ -47,6 +48,15 @@ def main() -> None:
         answer["service"] = [
             [m.full_name, m.input_type.full_name, m.output_type.full_name, m.client_streaming, m.server_streaming]
             for m in ads_pb2.DESCRIPTOR.services_by_name["AggregatedDiscoveryService"].methods
+        ]
+    elif command["op"] == "describe_quota":
+        for desc in (rlqs_pb2.RateLimitQuotaUsageReports.DESCRIPTOR, rlqs_pb2.RateLimitQuotaResponse.DESCRIPTOR,
+                     rlqs_pb2.BucketId.DESCRIPTOR, ratelimit_strategy_pb2.RateLimitStrategy.DESCRIPTOR,
+                     token_bucket_pb2.TokenBucket.DESCRIPTOR):
+            describe_message(desc, answer)
+        answer["service"] = [
+            [m.full_name, m.input_type.full_name, m.output_type.full_name, m.client_streaming, m.server_streaming]
+            for m in rlqs_pb2.DESCRIPTOR.services_by_name["RateLimitQuotaService"].methods
         ]
     elif command["op"] == "parse_request":
         request = rls_pb2.RateLimitRequest.FromString(bytes.fromhex(command["data"]))
