@@ -54,6 +54,16 @@ def test_local_copy_validates(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
+def test_local_rlqs_copy_validates(tmp_path: Path) -> None:
+    config = tmp_path / "local.yaml"
+    config.write_text(stack.local_rlqs_envoy_config(listener_port=1, admin_port=2, rlqs_port=3, upstream_port=4,
+                                                    filter_overrides={"domain": "elsewhere"}))
+    assert "domain: elsewhere" in config.read_text()
+    done = subprocess.run([stack.envoy_binary(), "--mode", "validate", "-c", str(config)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
 @dataclass
 class Stack:
     envoy_port: int

@@ -1,7 +1,8 @@
 """A Docker-free local stack — slidegate, a demo upstream and a real Envoy as local processes on free ports.
 
-Used by ``slidegate demo`` and by the end-to-end tests. The Envoy config is ``envoy/envoy.yaml`` with its
-addresses rewritten to loopback and its ports to the ones chosen here.
+Used by ``slidegate demo`` and by the end-to-end tests. The Envoy config is ``envoy/envoy.yaml`` (the rate-limit
+filter) or ``envoy/rlqs.yaml`` (the rate_limit_quota filter) with its addresses rewritten to loopback and its
+ports to the ones chosen here.
 """
 
 from __future__ import annotations
@@ -58,18 +59,47 @@ def local_envoy_config(
     """``envoy/envoy.yaml`` (or ``template``) as YAML text, bound to 127.0.0.1 on the given ports.
     ``filter_overrides`` are merged into the rate-limit filter's typed_config (e.g. failure_mode_deny)."""
     path = template or resource_dir("envoy") / "envoy.yaml"
+    ports = {"upstream": upstream_port, "ratelimit": rls_port}
+    return _on_loopback(path, listener_port, admin_port, ports, "envoy.filters.http.ratelimit", filter_overrides)
+
+
+def local_rlqs_envoy_config(
+    *,
+    listener_port: int,
+    admin_port: int,
+    rlqs_port: int,
+    upstream_port: int,
+    filter_overrides: Mapping[str, Any] | None = None,
+) -> str:
+    """``envoy/rlqs.yaml`` (the rate_limit_quota filter) as YAML text, bound to 127.0.0.1 on the given ports.
+    ``filter_overrides`` are merged into the filter's typed_config (e.g. ``{"domain": ...}``)."""
+    path = resource_dir("envoy") / "rlqs.yaml"
+    ports = {"upstream": upstream_port, "rlqs": rlqs_port}
+    return _on_loopback(path, listener_port, admin_port, ports, "envoy.filters.http.rate_limit_quota",
+                        filter_overrides)
+
+
+def _on_loopback(
+    path: Path,
+    listener_port: int,
+    admin_port: int,
+    cluster_ports: Mapping[str, int],
+    filter_name: str,
+    filter_overrides: Mapping[str, Any] | None,
+) -> str:
+    """The Envoy config at ``path`` with its admin, listener and clusters (by name) on 127.0.0.1 and the given
+    ports, ``filter_overrides`` merged into the typed_config of the HTTP filter ``filter_name``."""
     config = yaml.safe_load(path.read_text())
     _socket(config["admin"]["address"], "127.0.0.1", admin_port)
     resources = config["static_resources"]
     _socket(resources["listeners"][0]["address"], "127.0.0.1", listener_port)
-    ports = {"upstream": upstream_port, "ratelimit": rls_port}
     for cluster in resources["clusters"]:
         endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
-        _socket(endpoint["address"], "127.0.0.1", ports[cluster["name"]])
+        _socket(endpoint["address"], "127.0.0.1", cluster_ports[cluster["name"]])
     if filter_overrides:
         manager = resources["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
         for http_filter in manager["http_filters"]:
-            if http_filter["name"] == "envoy.filters.http.ratelimit":
+            if http_filter["name"] == filter_name:
                 http_filter["typed_config"].update(filter_overrides)
     return str(yaml.safe_dump(config, sort_keys=False))
 
