@@ -286,7 +286,8 @@ h.level = math.max(0, math.min(h.m * 1000, level))
 h.fresh, h.carry = 0, 0
 if h.share > 0 and allowed > 0 then h.reports[#h.reports + 1] = {now, allowed} end
 h.reports = keep_reports(h.reports, now, window)
-h.demand = math.min(MAX_COUNT, math.floor((allowed + denied) * 1000000 / math.max(elapsed, 1000)))
+local rate = math.min(MAX_COUNT, math.floor((allowed + denied) * 1000000 / math.max(elapsed, 1000)))
+h.demand = math.max(rate, math.floor(h.demand / 2))
 h.reported, h.seen = now, now
 put(name, encode_holder(h))
 

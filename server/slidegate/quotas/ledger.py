@@ -24,12 +24,19 @@ because the ledger never books more than the limit:
 - a new share is granted only from what the limit leaves after every other holder's share and every retired
   booking.
 
-Which holder gets how much: in proportion to its demand (requests allowed and denied per second, from its
-last report), each holder weighing at least a tenth of the mean, so an idle Envoy holds little and a busy one
-is not starved. A holder asked to shrink gets a smaller bucket; one that used up its bucket gets a fresh one
-when the limit has room again (the reports show its old admissions leaving the window). Envoy keeps its bucket,
-tokens and all, when an assignment's max_tokens and tokens_per_fill are unchanged, so a new bucket always
-differs in one of them.
+Which holder gets how much: in proportion to its demand (requests allowed and denied per second in its last
+report, or half its demand before if that is more), each holder weighing at least a tenth of the mean, so an
+idle Envoy holds little and a busy one is not starved. A holder asked to shrink gets a smaller bucket; one
+that used up its bucket gets a fresh one when the limit has room again (the reports show its old admissions
+leaving the window). Envoy keeps its bucket, tokens and all, when an assignment's max_tokens and
+tokens_per_fill are unchanged, so a new bucket always differs in one of them. A report also bounds what a
+bucket holds: what it was sent plus its refill, less what it let through, and below one token plus the refill
+since when it denied a request.
+
+The guarantee costs some of the limit: what a replaced bucket may still hold is booked until its window ends,
+and a bucket that holds a share is booked in full. In simulations (tests/test_quota_ledger.py) a busy Envoy
+gets 80 to 90% of a per-second or per-minute limit, about half of a limit whose window is two report
+intervals long (10 s).
 
 Quantities are kept in thousandths of a token ("mt") as whole numbers, computed in doubles exactly as the Lua
 computes them, so both implementations keep the same books digit for digit.
@@ -265,7 +272,9 @@ def report(state: dict[str, str], limit: int, window_ms: int, holder: str, allow
     if h.share > 0 and allowed > 0:  # what a holder lets through before its first bucket is not booked
         h.reports.append((now, allowed))
     h.reports = _keep_reports(h.reports, now, window_ms)
-    h.demand = min(MAX_COUNT, math.floor(float(allowed + denied) * 1000000 / max(elapsed_ms, 1000)))
+    # demand: the last report's rate, or half the demand before (a lull does not give the share away at once)
+    rate = min(MAX_COUNT, math.floor(float(allowed + denied) * 1000000 / max(elapsed_ms, 1000)))
+    h.demand = max(rate, h.demand // 2)
     h.reported, h.seen = now, now
     state[name] = h.encode()
 
