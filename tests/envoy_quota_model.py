@@ -6,9 +6,14 @@ request allowed before the first assignment), report every 5 s and take the answ
 
 from __future__ import annotations
 
+import heapq
+import random
 from dataclasses import dataclass, field
 
+from slidegate.quotas import ledger
 from slidegate.quotas.ledger import Assignment
+
+T0 = 1_700_000_000_000  # ms
 
 
 @dataclass
@@ -67,3 +72,53 @@ def most_in_a_window(times: list[float], window: float) -> int:
             start += 1
         best = max(best, end - start + 1)
     return best
+
+
+def simulate(limit: int, window_s: int, rates: list[float], seconds: float, delay: float, seed: int,
+             reconnect_every: float = 0.0) -> tuple[list[EnvoyBucket], int]:
+    """Envoys receiving requests at ``rates`` (per second, random arrivals) for ``seconds``, reporting every 5 s
+    to one ledger and applying its answers ``delay`` seconds later; with ``reconnect_every``, an Envoy's stream
+    ends and starts again that often (its holder released, a new one reporting). Returns the Envoys' buckets and
+    the most requests admitted, after their first assignment, in any window."""
+    rng = random.Random(seed)
+    state: dict[str, str] = {}
+    envoys = [EnvoyBucket() for _ in rates]
+    names = [f"e{i}-0" for i in range(len(rates))]
+    events: list[tuple[float, int, str, int, Assignment | None]] = []
+    for i, rate in enumerate(rates):
+        if rate > 0:
+            heapq.heappush(events, (rng.expovariate(rate), 0, "request", i, None))
+        if reconnect_every:
+            heapq.heappush(events, (rng.uniform(0, reconnect_every), 1, "reconnect", i, None))
+    reported: set[int] = set()
+    while events:
+        at, _, kind, i, assignment = heapq.heappop(events)
+        if at > seconds:
+            break
+        now_ms = T0 + int(at * 1000)
+        envoy = envoys[i]
+        if kind == "request":
+            envoy.request(at)
+            if i not in reported:  # a new bucket is reported at once, then every 5 s
+                reported.add(i)
+                envoy.reported = at
+                answer = ledger.report(state, limit, window_s * 1000, names[i], 1, 0, 0, now_ms)
+                envoy.allowed = 0
+                heapq.heappush(events, (at + delay, 2, "apply", i, answer))
+                heapq.heappush(events, (at + 5, 3, "report", i, None))
+            heapq.heappush(events, (at + rng.expovariate(rates[i]), 0, "request", i, None))
+        elif kind == "report":
+            allowed, denied, elapsed = envoy.take_report(at)
+            answer = ledger.report(state, limit, window_s * 1000, names[i], allowed, denied, elapsed, now_ms)
+            heapq.heappush(events, (at + delay, 2, "apply", i, answer))
+            heapq.heappush(events, (at + 5, 3, "report", i, None))
+        elif kind == "apply":
+            assert assignment is not None
+            envoy.apply(assignment, at)
+        elif kind == "reconnect":
+            ledger.release(state, window_s * 1000, names[i], now_ms)
+            names[i] = names[i].rsplit("-", 1)[0] + f"-{int(at * 1000)}"
+            heapq.heappush(events, (at + reconnect_every, 1, "reconnect", i, None))
+        assert ledger.booked(state, limit, window_s * 1000, now_ms) <= limit * 1000
+    counted = sorted(t for e in envoys for t, free in e.admitted_at if not free)
+    return envoys, most_in_a_window(counted, window_s)

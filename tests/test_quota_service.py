@@ -217,6 +217,10 @@ async def test_a_flood_of_buckets_is_bounded(quotas: Callable[..., Awaitable[tup
     assert len(denied) == 7
     assert app.quotas.metrics.buckets._value.get() == 3
     assert caplog.text.count("more than 3 buckets") == 1
+    # once idle, the untracked ones are abandoned (Envoy's memory stays bounded too); the tracked ones stay
+    idle = actions(await s.report(*((user(f"u{i}"), 0, 0) for i in range(10))))
+    abandoned = {k for k, a in idle.items() if a.HasField("abandon_action")}
+    assert abandoned == set(denied)
 
 
 async def test_a_reload_changes_what_a_bucket_gets(quotas: Callable[..., Awaitable[tuple[Application,

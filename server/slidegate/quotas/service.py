@@ -145,8 +145,11 @@ class QuotaService:
                     bucket = buckets.get(entries)
                     if bucket is None:
                         if len(buckets) >= self._max_buckets:
-                            # untracked, so nothing to keep: denied now and at every report, never abandoned
-                            # (a bucket Envoy made again would let its first request through)
+                            # untracked: denied at every report, abandoned once idle (Envoy forgets it; a request
+                            # makes it again, and its first passes as any new bucket's does)
+                            if not allowed and not denied:
+                                actions.append(self._abandon(usage.bucket_id, label, tracked=False))
+                                continue
                             if not over_bound:
                                 over_bound = True
                                 log.warning("quota stream %s (%s) reported more than %d buckets "
@@ -240,11 +243,12 @@ class QuotaService:
         self.metrics.assignments.labels(domain, "allow_all" if rule == ALLOW_ALL else "deny_all").inc()
         return action
 
-    def _abandon(self, bucket_id: rlqs_pb2.BucketId, domain: str) -> Response.BucketAction:
+    def _abandon(self, bucket_id: rlqs_pb2.BucketId, domain: str, *, tracked: bool = True) -> Response.BucketAction:
         action = Response.BucketAction(bucket_id=bucket_id)
         action.abandon_action.SetInParent()
         self.metrics.assignments.labels(domain, "abandon").inc()
-        self.metrics.buckets.dec()
+        if tracked:
+            self.metrics.buckets.dec()
         return action
 
     async def _leave(self, bucket: Bucket) -> None:
