@@ -20,6 +20,8 @@ from slidegate.failure_modes import FailureMode
 from slidegate.heap import Heap
 from slidegate.limiter import Limiter, LimiterOptions
 from slidegate.metrics import Metrics
+from slidegate.quotas.service import QuotaService
+from slidegate.quotas.storage import MemoryQuotas, QuotaStorage, RedisQuotas
 from slidegate.reload import ConfigHolder
 from slidegate.service import AnswerOptions, RateLimitService
 from slidegate.settings import Settings
@@ -29,7 +31,8 @@ from slidegate.statsd import LineFormat, StatsdSink, Transport, mogrifiers_from_
 
 @dataclass(frozen=True, slots=True)
 class Application:
-    """What ``build`` made. ``backend`` is the limiter's storage (close it when done)."""
+    """What ``build`` made. ``backend`` is the limiter's storage, ``quotas`` the Rate Limit Quota Service with its
+    own (close both when done)."""
 
     settings: Settings
     load_options: LoadOptions
@@ -38,6 +41,7 @@ class Application:
     backend: Backend
     limiter: Limiter
     service: RateLimitService
+    quotas: QuotaService
 
     def needs_storage(self) -> bool:
         """Whether answering needs the storage: False while a failure mode (the deployment's or every
@@ -72,7 +76,18 @@ def build(settings: Settings, *, clock: Callable[[], int] | None = None, heap: H
         dynamic_metadata=settings.response_dynamic_metadata, headers=settings.response_headers,
         header_names=settings.header_names,
     ), metrics, heap)
-    return Application(settings, load, holder, metrics, backend, limiter, service)
+    quotas = QuotaService(limiter, make_quota_storage(settings), metrics.registry,
+                          max_buckets=settings.rlqs_max_buckets_per_stream)
+    return Application(settings, load, holder, metrics, backend, limiter, service, quotas)
+
+
+def make_quota_storage(settings: Settings) -> QuotaStorage:
+    """Where the quota ledgers live: the main Redis (whatever REDIS_PERSECOND says: a ledger is one key), or
+    this process's memory."""
+    if settings.backend_type == "memory":
+        return MemoryQuotas()
+    return RedisQuotas(_topology(settings, settings.redis_type, settings.redis_url, settings.redis_tls,
+                                 settings.redis_auth, settings.redis_sentinel_auth), timeout=settings.redis_timeout * 4)
 
 
 def make_statsd_sink(settings: Settings, store: StatsStore, environ: Mapping[str, str]) -> StatsdSink | None:
@@ -124,18 +139,23 @@ def _redis(settings: Settings, redis_type: str, url: str, use_tls: bool, auth: s
            pool_size: int, wait_replicas: int) -> RedisBackend:
     """One Redis: the main one (REDIS_*) or the per-second one (REDIS_PERSECOND_*), which share the TLS files,
     the timeout and the expiry jitter, as in envoyproxy/ratelimit."""
+    topology = _topology(settings, redis_type, url, use_tls, auth, sentinel_auth)
+    # the breaker, one per Redis: a dead Redis costs microseconds per call, not a timeout each, and only to the
+    # calls that need it
+    return RedisBackend(topology, timeout=settings.redis_timeout, pool_size=pool_size, breaker=Breaker(),
+                        wait_replicas=wait_replicas, wait_timeout=settings.redis_wait_timeout,
+                        expiry_jitter=settings.expiration_jitter_max_seconds)
+
+
+def _topology(settings: Settings, redis_type: str, url: str, use_tls: bool, auth: str, sentinel_auth: str) -> Topology:
+    """Where one Redis is, with its TLS files and credentials."""
     if redis_type == "single" and use_tls and url.startswith("redis://"):
         url = "rediss://" + url.removeprefix("redis://")
     tls = None
     if use_tls or url.startswith("rediss://"):
         tls = TlsOptions(settings.redis_tls_cacert, settings.redis_tls_client_cert, settings.redis_tls_client_key,
                          check_hostname=not settings.redis_tls_skip_hostname_verification)
-    topology = Topology(redis_type, url, tls=tls, auth=_auth(auth), sentinel_auth=_auth(sentinel_auth))
-    # the breaker, one per Redis: a dead Redis costs microseconds per call, not a timeout each, and only to the
-    # calls that need it
-    return RedisBackend(topology, timeout=settings.redis_timeout, pool_size=pool_size, breaker=Breaker(),
-                        wait_replicas=wait_replicas, wait_timeout=settings.redis_wait_timeout,
-                        expiry_jitter=settings.expiration_jitter_max_seconds)
+    return Topology(redis_type, url, tls=tls, auth=_auth(auth), sentinel_auth=_auth(sentinel_auth))
 
 
 def _auth(text: str) -> tuple[str | None, str] | None:

@@ -28,6 +28,8 @@ from slidegate.health import Health
 from slidegate.heap import Heap
 from slidegate.httpapi import make_app, start_app
 from slidegate.metrics import Metrics
+from slidegate.quotas.service import SERVICE as QUOTA_SERVICE
+from slidegate.quotas.service import QuotaService
 from slidegate.reload import ConfigHolder, ConfigWatcher
 from slidegate.service import RateLimitService
 from slidegate.settings import DEFAULT_MAX_RECV_MSG_SIZE, Settings
@@ -53,13 +55,14 @@ async def start_server(
     service: RateLimitService, host: str, port: int, credentials: grpc.ServerCredentials | None = None,
     *, reuse_port: bool = False, max_message_size: int = DEFAULT_MAX_RECV_MSG_SIZE, client_san: str = "",
     uds: str = "", connection_age: tuple[float, float] = (0, 0),
-    handler: grpc.GenericRpcHandler[Any, Any] | None = None,
+    handler: grpc.GenericRpcHandler[Any, Any] | None = None, quotas: QuotaService | None = None,
 ) -> tuple[grpc.aio.Server, HealthServicer, int]:
     """Start a gRPC server with the rate-limit, health and reflection services on ``host:port``, or on the unix
     socket ``uds`` (TLS with ``credentials``; shared with other processes with ``reuse_port``; requests of at most
     ``max_message_size`` bytes; with ``client_san``, only for clients whose certificate carries it:
     slidegate.tls.ClientSanCheck; ``connection_age``: a connection's most age and its grace, in seconds, 0 for
-    none; ``handler``: the rate-limit service's handler, when not its own: slidegate.tracing's); return it, its
+    none; ``handler``: the rate-limit service's handler, when not its own: slidegate.tracing's; ``quotas``: the
+    Rate Limit Quota Service, served beside it); return it, its
     health servicer (statuses still unset) and the bound port. Raises OSError when the address cannot be bound."""
     options: list[tuple[str, int]] = [
         # without SO_REUSEPORT a second server on a taken port fails instead of silently sharing it; workers
@@ -75,10 +78,13 @@ async def start_server(
                     ("grpc.max_connection_age_grace_ms", round(grace * 1000))]
     server = grpc.aio.server(interceptors=[ClientSanCheck(client_san)] if client_san else None, options=options)
     server.add_generic_rpc_handlers((handler or service.handler(),))
+    names = [_RLS, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
+    if quotas is not None:
+        server.add_generic_rpc_handlers((quotas.handler(),))
+        names.append(QUOTA_SERVICE)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (_RLS, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
+    reflection.enable_server_reflection(names, server)
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     if uds:
         address = f"unix:{uds}"
@@ -130,6 +136,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
         if stop.is_set() and source_task is not None:
             await _cancel(source_task)
             await backend.close()
+            await app.quotas.close()
             log.info("stopped before any config came")
             return
     credentials = None
@@ -142,7 +149,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
             max_message_size=settings.grpc_max_recv_msg_size, client_san=settings.grpc_client_tls_san,
             uds=settings.grpc_uds,
             connection_age=(settings.grpc_max_connection_age, settings.grpc_max_connection_age_grace),
-            handler=tracing.handler(app.service) if tracing is not None else None)
+            handler=tracing.handler(app.service) if tracing is not None else None, quotas=app.quotas)
     except BaseException:
         if source_task is not None:  # a port taken: the stream must not outlive the start
             await _cancel(source_task)
@@ -223,6 +230,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
         for runner in runners:
             await runner.cleanup()
         await backend.close()
+        await app.quotas.close()
         if tracing is not None:
             # the spans of the last calls go out; the SDK blocks while it sends them
             await asyncio.to_thread(tracing.shutdown)

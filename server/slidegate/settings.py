@@ -456,6 +456,8 @@ SPECS: tuple[Spec, ...] = (
          "_NAME and _TAGS"),
     Spec("drain_timeout", "DRAIN_TIMEOUT", "--drain-timeout", "10s", _drain,
          "after SIGTERM, how long in-flight calls may take"),
+    Spec("rlqs_max_buckets_per_stream", "RLQS_MAX_BUCKETS_PER_STREAM", "--rlqs-max-buckets-per-stream", "10000",
+         _positive_int, "Rate Limit Quota Service: buckets one Envoy stream may hold; further buckets are denied"),
     Spec("workers", "WORKERS", "--workers", "1", _positive_int,
          "processes serving the same ports (SO_REUSEPORT), each with its own event loop; Redis backend only"),
     Spec("healthy_with_at_least_one_config_loaded", "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
@@ -602,6 +604,7 @@ class Settings:
     use_dog_statsd: bool
     use_dog_statsd_mogrifiers: tuple[str, ...]
     drain_timeout: float
+    rlqs_max_buckets_per_stream: int
     workers: int
     healthy_with_at_least_one_config_loaded: bool
     config_type: str

@@ -1,0 +1,128 @@
+"""Where the quota ledgers live: Redis (lua/quota.lua, one atomic call per report, shared by every replica) or
+this process's memory (slidegate.quotas.ledger itself). Both keep the same books (tests compare them)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import NoScriptError
+
+from slidegate.backends.redis_connect import Topology, make_client
+from slidegate.quotas import ledger
+from slidegate.quotas.ledger import Assignment
+from slidegate.resources import resource_dir
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """A global quota: the ledger's storage ``key``, ``limit`` requests per ``window_ms``."""
+
+    key: str
+    limit: int
+    window_ms: int
+
+
+class QuotaStorage(Protocol):
+    async def report(self, quota: Quota, holder: str, allowed: int, denied: int, elapsed_ms: int,
+                     now_ms: int | None = None) -> Assignment:
+        """Book ``holder``'s report; return its bucket from now on (slidegate.quotas.ledger.report).
+        ``now_ms`` overrides the storage's clock (tests). Raises on a storage failure."""
+        ...
+
+    async def release(self, quota: Quota, holder: str, now_ms: int | None = None) -> None:
+        """``holder`` went away (slidegate.quotas.ledger.release)."""
+        ...
+
+    async def booked(self, quota: Quota, now_ms: int | None = None) -> int:
+        """What ``quota``'s ledger books now, in thousandths of a request."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class MemoryQuotas:
+    """Ledgers in this process's memory (BACKEND_TYPE=memory: one replica). A ledger nobody reported to for its
+    lifetime (as lua/quota.lua's key expiry) is dropped."""
+
+    def __init__(self, clock: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
+        self._clock = clock
+        self._ledgers: dict[str, tuple[dict[str, str], int]] = {}
+        self._calls = 0
+
+    def _state(self, quota: Quota, now: int) -> dict[str, str]:
+        self._calls += 1
+        if self._calls % 1024 == 0:  # sweep now and then: ledgers of quotas nobody uses any more
+            for key in [k for k, (_, until) in self._ledgers.items() if until <= now]:
+                del self._ledgers[key]
+        state, until = self._ledgers.get(quota.key, ({}, 0))
+        return state if until > now else {}
+
+    def _keep(self, quota: Quota, state: dict[str, str], now: int) -> None:
+        self._ledgers[quota.key] = (state, now + ledger.LEASE_MS + ledger.TTL_MS + ledger.SLACK_MS + quota.window_ms)
+
+    async def report(self, quota: Quota, holder: str, allowed: int, denied: int, elapsed_ms: int,
+                     now_ms: int | None = None) -> Assignment:
+        now = self._clock() if now_ms is None else now_ms
+        state = self._state(quota, now)
+        assignment = ledger.report(state, quota.limit, quota.window_ms, holder, allowed, denied, elapsed_ms, now)
+        self._keep(quota, state, now)
+        return assignment
+
+    async def release(self, quota: Quota, holder: str, now_ms: int | None = None) -> None:
+        now = self._clock() if now_ms is None else now_ms
+        state = self._state(quota, now)
+        if "h:" + holder in state:
+            ledger.release(state, quota.window_ms, holder, now)
+            self._keep(quota, state, now)
+
+    async def booked(self, quota: Quota, now_ms: int | None = None) -> int:
+        now = self._clock() if now_ms is None else now_ms
+        return ledger.booked(self._state(quota, now), quota.limit, quota.window_ms, now)
+
+    def state(self, key: str) -> dict[str, str]:
+        """A ledger's fields (tests)."""
+        return dict(self._ledgers.get(key, ({}, 0))[0])
+
+    async def close(self) -> None:
+        self._ledgers.clear()
+
+
+class RedisQuotas:
+    """Ledgers in Redis, one hash per quota, changed by lua/quota.lua (Redis TIME: one clock for every
+    replica). A report is rare (one per bucket every 5 s), so redis-py carries it."""
+
+    def __init__(self, topology: Topology, *, timeout: float) -> None:
+        self._client: aioredis.Redis | RedisCluster = make_client(topology, timeout=timeout, pool_size=8)
+        self._script = (resource_dir("lua") / "quota.lua").read_text(encoding="utf-8")
+        self._sha = ""
+
+    async def _call(self, quota: Quota, *args: str | int) -> Any:
+        client: Any = self._client
+        if self._sha:
+            try:
+                return await client.evalsha(self._sha, 1, quota.key, *args)
+            except NoScriptError:
+                pass  # Redis restarted or flushed its scripts: load it again
+        self._sha = await client.script_load(self._script)
+        return await client.evalsha(self._sha, 1, quota.key, *args)
+
+    async def report(self, quota: Quota, holder: str, allowed: int, denied: int, elapsed_ms: int,
+                     now_ms: int | None = None) -> Assignment:
+        reply = await self._call(quota, "report", "" if now_ms is None else now_ms, quota.limit, quota.window_ms,
+                                 holder, allowed, denied, elapsed_ms)
+        return Assignment(int(reply[0]), int(reply[1]), int(reply[2]))
+
+    async def release(self, quota: Quota, holder: str, now_ms: int | None = None) -> None:
+        await self._call(quota, "release", "" if now_ms is None else now_ms, quota.limit, quota.window_ms, holder)
+
+    async def booked(self, quota: Quota, now_ms: int | None = None) -> int:
+        return int(await self._call(quota, "booked", "" if now_ms is None else now_ms, quota.limit,
+                                    quota.window_ms))
+
+    async def close(self) -> None:
+        await self._client.aclose()
