@@ -30,3 +30,17 @@ def test_demo_without_redis_falls_back_to_memory() -> None:
     assert "Using the in-memory backend instead" in done.stdout
     assert "(storage: in-memory backend)" in done.stdout
     assert "Every request got the status the limits predict. Stack stopped." in done.stdout
+
+
+def test_rlqs_demo_runs_and_every_request_gets_the_predicted_status(redis_url: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "slidegate", "demo", "--rlqs", "--redis-url", redis_url],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    # 5 a minute: the first request (before slidegate's first answer) and 4 more
+    assert out.count("x-user: alice    -> 200") == 5 and out.count("x-user: alice    -> 429") == 2
+    assert out.count("x-user: bob      -> 200") == 5 and out.count("x-user: bob      -> 429") == 1
+    assert out.count("x-user: vip      -> 200") == 6
+    assert out.count("x-user: blocked  -> 200") == 1 and out.count("x-user: blocked  -> 429") == 3
+    assert out.count("(no x-user)      -> 200") == 2
+    assert "Every request got the status the limits predict. Stack stopped." in out

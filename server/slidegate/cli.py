@@ -25,7 +25,7 @@ from slidegate.algorithms import Algorithm
 from slidegate.client import RateLimitClient, RateLimitUnavailable
 from slidegate.config import ConfigError, LoadOptions, load_directory
 from slidegate.config.describe import describe_config
-from slidegate.demo import run_demo
+from slidegate.demo import run_demo, run_rlqs_demo
 from slidegate.logs import configure_logging
 from slidegate.reference_env import unread_line
 from slidegate.server import run, tracing_missing
@@ -140,9 +140,12 @@ def simulate(limit: int, window: float, out: Path | None) -> None:
 @main.command()
 @click.option("--redis-url", envvar="REDIS_URL", default="redis://127.0.0.1:6379/0",
               help="Redis the demo's slidegate uses (its keys get a fresh prefix each run).")
-def demo(redis_url: str) -> None:
+@click.option("--rlqs", is_flag=True,
+              help="Envoy's rate_limit_quota filter and slidegate's Rate Limit Quota Service (envoy/rlqs.yaml) "
+                   "instead of the rate-limit filter.")
+def demo(redis_url: str, rlqs: bool) -> None:
     """Start slidegate, a demo upstream and Envoy; send traffic through Envoy; show what each request got."""
-    sys.exit(run_demo(redis_url))
+    sys.exit(run_rlqs_demo(redis_url) if rlqs else run_demo(redis_url))
 
 
 def _split_entries(text: str) -> list[str]:

