@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 import yaml
@@ -64,6 +65,9 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1000000000}
 """
 DISTINCT_KEYS = 10_000  # the Envoy workloads' paths, each its own limit key
+# The RLQS workloads' paths, each a bucket of its own: {path: <path>}, under quota (the key path's 1e9 an hour),
+# or {hot: <path>}, over it after its first 10 (the key hot's 10 an hour). Envoy reports every bucket every 5 s.
+RLQS_BUCKETS = 100
 
 
 def body(*entries: tuple[str, str], directory: Path) -> Path:
@@ -150,6 +154,33 @@ def envoy_config(listener_port: int, admin_port: int, rls_port: int | None) -> s
             http_filter["typed_config"].update({"domain": "bench", "timeout": "1s", "failure_mode_deny": True})
     if rls_port is None:
         manager["http_filters"] = [f for f in manager["http_filters"] if f["name"] != "envoy.filters.http.ratelimit"]
+    return _with_direct_upstream(config, upstream_port)
+
+
+def rlqs_envoy_config(listener_port: int, admin_port: int, rlqs_port: int, bucket_key: str) -> str:
+    """Envoy (envoy/rlqs.yaml on loopback) with the rate_limit_quota filter asking slidegate's RLQS on
+    ``rlqs_port`` for a bucket per path, {bucket_key: <:path>} (the descriptor [(bucket_key, <path>)] of the
+    domain bench); its upstream is a second listener of the same Envoy answering 200 directly."""
+    upstream_port = stack.free_port()
+    config = yaml.safe_load(stack.local_rlqs_envoy_config(
+        listener_port=listener_port, admin_port=admin_port, rlqs_port=rlqs_port, upstream_port=upstream_port,
+        filter_overrides={"domain": "bench"}))
+    manager = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    for http_filter in manager["http_filters"]:
+        if http_filter["name"] == "envoy.filters.http.rate_limit_quota":
+            matcher = http_filter["typed_config"]["bucket_matchers"]["matcher_list"]["matchers"][0]
+            path = {"name": "path", "typed_config": {
+                "@type": "type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput",
+                "header_name": ":path"}}
+            matcher["predicate"]["single_predicate"]["input"] = path
+            settings = matcher["on_match"]["action"]["typed_config"]
+            settings["bucket_id_builder"]["bucket_id_builder"] = {bucket_key: {"custom_value": path}}
+    return _with_direct_upstream(config, upstream_port)
+
+
+def _with_direct_upstream(config: dict[str, Any], upstream_port: int) -> str:
+    """``config`` as YAML text with a second listener on ``upstream_port`` answering 200 to everything."""
+    manager = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     upstream = {
         "name": "upstream", "address": {"socket_address": {"address": "127.0.0.1", "port_value": upstream_port}},
         "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
@@ -370,14 +401,23 @@ def main() -> None:
             listener, admin = stack.free_port(), stack.free_port()
             uris = work / "uris"
             uris.write_text("".join(f"http://127.0.0.1:{listener}/k{i}\n" for i in range(DISTINCT_KEYS)))
-            for name, rls, rls_pid in (("Envoy, no rate-limit filter", None, None),
-                                       ("Envoy + filter, no-op handler", noop_port, noop.pid),
-                                       (f"Envoy + filter, slidegate, {DISTINCT_KEYS:,} keys", sg_port, slidegate.pid)):
-                envoy = stack.start_envoy(envoy_config(listener, admin, rls), admin)
+            bucket_uris = work / "bucket-uris"
+            bucket_uris.write_text("".join(f"http://127.0.0.1:{listener}/k{i}\n" for i in range(RLQS_BUCKETS)))
+            for name, config, paths, rls_pid in (
+                ("Envoy, no rate-limit filter", envoy_config(listener, admin, None), uris, None),
+                ("Envoy + filter, no-op handler", envoy_config(listener, admin, noop_port), uris, noop.pid),
+                (f"Envoy + filter, slidegate, {DISTINCT_KEYS:,} keys", envoy_config(listener, admin, sg_port), uris,
+                 slidegate.pid),
+                (f"Envoy + RLQS (rate_limit_quota filter), slidegate, {RLQS_BUCKETS} buckets",
+                 rlqs_envoy_config(listener, admin, sg_port, "path"), bucket_uris, slidegate.pid),
+                (f"Envoy + RLQS, slidegate, {RLQS_BUCKETS} buckets over quota",
+                 rlqs_envoy_config(listener, admin, sg_port, "hot"), bucket_uris, slidegate.pid),
+            ):
+                envoy = stack.start_envoy(config, admin)
                 try:
                     envoy_watch = {"envoy": envoy.pid, "server": rls_pid or envoy.pid, "redis": watch["redis"]}
-                    h2load_envoy(listener, uris, min(n, 2000), envoy_watch)  # warm up
-                    through_envoy[name] = median_load([h2load_envoy(listener, uris, n, envoy_watch)
+                    h2load_envoy(listener, paths, min(n, 2000), envoy_watch)  # warm up
+                    through_envoy[name] = median_load([h2load_envoy(listener, paths, n, envoy_watch)
                                                        for _ in range(repeat)])
                     print(f"{name:40} {through_envoy[name].calls:8.0f}/s", flush=True)
                 finally:
@@ -408,7 +448,10 @@ def write_report(out: Path, results: dict[str, Load], through_envoy: dict[str, L
                      f"{load.failed} |")
     bare, noop_behind = list(through_envoy.values())[:2]
     lines += ["", f"Through Envoy (concurrency 1, upstream answered by Envoy itself): h2load -c 10 -m 10 over "
-              f"{DISTINCT_KEYS:,} paths, each a [path=<path>] descriptor with its own limit.", "",
+              f"{DISTINCT_KEYS:,} paths, each a [path=<path>] descriptor with its own limit; the RLQS rows over "
+              f"{RLQS_BUCKETS} paths, each a bucket {{path: <path>}} under its quota (Envoy enforces slidegate's "
+              f"assignments itself, reporting every 5 s), or {{hot: <path>}} over it (10 an hour: every request "
+              "after the first few is a 429, answered by Envoy).", "",
               "| through Envoy | requests/s | ratio to no filter | ratio to no-op RLS | p50 ms | p99 ms | Envoy CPU | "
               "RLS CPU | Redis CPU | not 200 |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, load in through_envoy.items():
