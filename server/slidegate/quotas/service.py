@@ -105,6 +105,14 @@ class QuotaService:
     async def close(self) -> None:
         await self._storage.close()
 
+    async def warm(self) -> None:
+        """Get the storage ready for a first report (called at start and by each new stream): until a new
+        bucket's first answer arrives, Envoy lets its requests through."""
+        try:
+            await self._storage.warm()
+        except Exception as exc:  # the reports will say so again, with the reason
+            self._storage_failed(repr(exc))
+
     def _label(self, domain: str) -> str:
         """``domain`` as a metric label: Envoy names it, so past DOMAIN_LABELS of them, ``_other``."""
         if domain not in self._labels:
@@ -127,6 +135,7 @@ class QuotaService:
         over_bound = False
         self.metrics.streams.inc()
         log.info("quota stream %s opened by %s", name, context.peer())
+        await self.warm()
         try:
             async for message in reports:
                 domain = message.domain
