@@ -130,7 +130,8 @@ class QuotaService:
     async def stream(self, reports: AsyncIterator[Reports], context: Any) -> AsyncIterator[Response]:
         """One Envoy's stream: an answer to every report, until Envoy goes."""
         name = f"{self._process}-{next(self._streams)}"
-        buckets: dict[tuple[tuple[str, str], ...], Bucket] = {}
+        # by domain too: Envoy opens a stream per domain, and a client that mixes them gets what each says
+        buckets: dict[tuple[str, tuple[tuple[str, str], ...]], Bucket] = {}
         numbers = itertools.count(1)
         over_bound = False
         self.metrics.streams.inc()
@@ -151,7 +152,7 @@ class QuotaService:
                     allowed, denied = usage.num_requests_allowed, usage.num_requests_denied
                     self.metrics.reported.labels(label, "allowed").inc(allowed)
                     self.metrics.reported.labels(label, "denied").inc(denied)
-                    bucket = buckets.get(entries)
+                    bucket = buckets.get((domain, entries))
                     if bucket is None:
                         if len(buckets) >= self._max_buckets:
                             # untracked: denied at every report, abandoned once idle (Envoy forgets it; a request
@@ -168,14 +169,14 @@ class QuotaService:
                             actions.append(self._blanket(usage.bucket_id, DENY_ALL, label))
                             continue
                         bucket = Bucket(entries, None, None, ALLOW_ALL, f"{name}/{next(numbers)}", 0.0)
-                        buckets[entries] = bucket
+                        buckets[domain, entries] = bucket
                         self.metrics.buckets.inc()
                     now = time.monotonic() * 1000
                     if allowed or denied or not bucket.active:
                         bucket.active = now
                     elif now - bucket.active >= max(self._idle_ms, bucket.quota.window_ms if bucket.quota else 0):
                         actions.append(self._abandon(usage.bucket_id, label))
-                        await self._leave(buckets.pop(entries))
+                        await self._leave(buckets.pop((domain, entries)))
                         continue
                     try:
                         await self._match(domain, bucket)
