@@ -19,6 +19,7 @@ import yaml
 
 from slidegate.config import load_directory
 from slidegate.metrics import LimitStat, Metrics
+from slidegate.quotas.service import QuotaMetrics
 from slidegate.reference_env import UNREAD
 from slidegate.settings import SPECS, Settings
 
@@ -193,6 +194,13 @@ def exported_names() -> set[str]:
     metrics.degraded.labels("allow").inc()
     metrics.storage_latency.observe(0.001)
     metrics.call_latency.observe(0.001)
+    quotas = QuotaMetrics(metrics.registry)
+    quotas.streams.inc()
+    quotas.buckets.inc()
+    quotas.assignments.labels("d", "token_bucket").inc()
+    quotas.reported.labels("d", "allowed").inc()
+    quotas.refused.labels("malformed").inc()
+    quotas.storage_errors.inc()
     text = metrics.render().decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
 
@@ -207,6 +215,7 @@ def test_the_dashboard_queries_only_exported_metrics() -> None:
     # and the panels cover the main ones: calls, each outcome, latency, the storage's failures
     for name in ("ratelimit_service_total_requests_total", "ratelimit_service_rate_limit_over_limit_total",
                  "ratelimit_should_rate_limit_latency_seconds_bucket", "ratelimit_storage_errors_total",
-                 "ratelimit_degraded_decisions_total", "ratelimit_config_load_error_total"):
+                 "ratelimit_degraded_decisions_total", "ratelimit_config_load_error_total",
+                 "ratelimit_quota_streams", "ratelimit_quota_reported_requests_total"):
         assert name in used, name
     assert len({panel["id"] for panel in dashboard["panels"]}) == len(dashboard["panels"])

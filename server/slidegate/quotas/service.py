@@ -105,6 +105,14 @@ class QuotaService:
     async def close(self) -> None:
         await self._storage.close()
 
+    async def warm(self) -> None:
+        """Get the storage ready for a first report (called at start and by each new stream): until a new
+        bucket's first answer arrives, Envoy lets its requests through."""
+        try:
+            await self._storage.warm()
+        except Exception as exc:  # the reports will say so again, with the reason
+            self._storage_failed(repr(exc))
+
     def _label(self, domain: str) -> str:
         """``domain`` as a metric label: Envoy names it, so past DOMAIN_LABELS of them, ``_other``."""
         if domain not in self._labels:
@@ -122,11 +130,13 @@ class QuotaService:
     async def stream(self, reports: AsyncIterator[Reports], context: Any) -> AsyncIterator[Response]:
         """One Envoy's stream: an answer to every report, until Envoy goes."""
         name = f"{self._process}-{next(self._streams)}"
-        buckets: dict[tuple[tuple[str, str], ...], Bucket] = {}
+        # by domain too: Envoy opens a stream per domain, and a client that mixes them gets what each says
+        buckets: dict[tuple[str, tuple[tuple[str, str], ...]], Bucket] = {}
         numbers = itertools.count(1)
         over_bound = False
         self.metrics.streams.inc()
         log.info("quota stream %s opened by %s", name, context.peer())
+        await self.warm()
         try:
             async for message in reports:
                 domain = message.domain
@@ -142,7 +152,7 @@ class QuotaService:
                     allowed, denied = usage.num_requests_allowed, usage.num_requests_denied
                     self.metrics.reported.labels(label, "allowed").inc(allowed)
                     self.metrics.reported.labels(label, "denied").inc(denied)
-                    bucket = buckets.get(entries)
+                    bucket = buckets.get((domain, entries))
                     if bucket is None:
                         if len(buckets) >= self._max_buckets:
                             # untracked: denied at every report, abandoned once idle (Envoy forgets it; a request
@@ -159,14 +169,14 @@ class QuotaService:
                             actions.append(self._blanket(usage.bucket_id, DENY_ALL, label))
                             continue
                         bucket = Bucket(entries, None, None, ALLOW_ALL, f"{name}/{next(numbers)}", 0.0)
-                        buckets[entries] = bucket
+                        buckets[domain, entries] = bucket
                         self.metrics.buckets.inc()
                     now = time.monotonic() * 1000
                     if allowed or denied or not bucket.active:
                         bucket.active = now
                     elif now - bucket.active >= max(self._idle_ms, bucket.quota.window_ms if bucket.quota else 0):
                         actions.append(self._abandon(usage.bucket_id, label))
-                        await self._leave(buckets.pop(entries))
+                        await self._leave(buckets.pop((domain, entries)))
                         continue
                     try:
                         await self._match(domain, bucket)

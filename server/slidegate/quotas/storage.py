@@ -42,6 +42,11 @@ class QuotaStorage(Protocol):
         """What ``quota``'s ledger books now, in thousandths of a request."""
         ...
 
+    async def warm(self) -> None:
+        """Be ready to answer a first report at once (a connection open, the script loaded). Raises on a
+        storage failure."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -84,6 +89,9 @@ class MemoryQuotas:
         now = self._clock() if now_ms is None else now_ms
         return ledger.booked(self._state(quota, now), quota.limit, quota.window_ms, now)
 
+    async def warm(self) -> None:
+        pass
+
     def state(self, key: str) -> dict[str, str]:
         """A ledger's fields (tests)."""
         return dict(self._ledgers.get(key, ({}, 0))[0])
@@ -100,6 +108,11 @@ class RedisQuotas:
         self._client: aioredis.Redis | RedisCluster = make_client(topology, timeout=timeout, pool_size=8)
         self._script = (resource_dir("lua") / "quota.lua").read_text(encoding="utf-8")
         self._sha = ""
+
+    async def warm(self) -> None:
+        # the first answer of a new bucket is awaited by every request Envoy lets through meanwhile
+        if not self._sha:
+            self._sha = await self._client.script_load(self._script)
 
     async def _call(self, quota: Quota, *args: str | int) -> Any:
         client: Any = self._client
