@@ -5,19 +5,20 @@
 --
 -- KEYS[1]  the quota's ledger: a hash of holders ("h:<holder>"), retired bookings ("r:<n>") and the last
 --          booking's number ("n"), in ledger.py's encodings.
--- ARGV     op ("report", "release" or "booked"), now in ms ("" for Redis TIME), limit, window (ms), then for
---          report and release: holder, and for report: allowed, denied, elapsed (ms).
--- Reply    report: {max_tokens, tokens_per_fill, fill interval (ms)} (max_tokens 0: deny all); release: 0;
---          booked: what the ledger books now, in thousandths of a request.
+-- ARGV     op ("report", "release", "detach" or "booked"), now in ms ("" for Redis TIME), limit, window (ms), then
+--          for report, release and detach: holder, and for report: allowed, denied, elapsed (ms), owner; for
+--          release: unsure (see ledger.py's release); for detach: owner, unsure.
+-- Reply    report: {max_tokens, tokens_per_fill, fill interval (ms)} (max_tokens 0: deny all; -1: another
+--          stream reports this holder); release and detach: 0; booked: what the ledger books now, in
+--          thousandths of a request.
 
 local REPORT_INTERVAL_MS = 5000
 local TTL_MS = 3 * REPORT_INTERVAL_MS
-local SLACK_MS = 1000
+local SLACK_MS = 2000
 local LEASE_MS = 3 * REPORT_INTERVAL_MS
-local FILL_LIMIT_MS = 300000
 local MAX_REPORTS = 16
 local MAX_RETIRED = 32
-local MAX_COUNT = 1099511627776  -- 2^40
+local MAX_COUNT = 4294967296  -- 2^32
 
 local function fmt(x)
   return string.format('%.0f', x)
@@ -54,17 +55,17 @@ local function encode_reports(reports)
 end
 
 local function decode_holder(text)
-  local bar = string.find(text, '|', 1, true)
-  local n = split(string.sub(text, 1, bar - 1), ' ')
+  local parts = split(text, '|')
+  local n = split(parts[1], ' ')
   for i = 1, #n do n[i] = tonumber(n[i]) end
   return {share = n[1], m = n[2], t = n[3], since = n[4], reported = n[5], level = n[6], carry = n[7],
-          fresh = n[8], demand = n[9], seen = n[10], reports = decode_reports(string.sub(text, bar + 1))}
+          fresh = n[8], demand = n[9], seen = n[10], reports = decode_reports(parts[2]), owner = parts[3] or ''}
 end
 
 local function encode_holder(h)
   return table.concat({fmt(h.share), fmt(h.m), fmt(h.t), fmt(h.since), fmt(h.reported), fmt(h.level),
                        fmt(h.carry), fmt(h.fresh), fmt(h.demand), fmt(h.seen)}, ' ') .. '|' ..
-         encode_reports(h.reports)
+         encode_reports(h.reports) .. '|' .. h.owner
 end
 
 local function decode_retired(text)
@@ -97,7 +98,7 @@ local function merge_oldest(reports)
   while #reports > MAX_REPORTS do
     local first, second = reports[1], reports[2]
     table.remove(reports, 1)
-    reports[1] = {second[1], first[2] + second[2]}
+    reports[1] = {second[1], math.min(MAX_COUNT, first[2] + second[2])}
   end
 end
 
@@ -112,7 +113,7 @@ end
 
 local function refill(t, elapsed, m, window)
   if t <= 0 then return 0 end
-  local longest = window * (math.floor(m / t) + 1)
+  local longest = window * (math.floor(m / t) + 2)
   elapsed = math.min(elapsed, longest)
   return math.floor(t * 1000 * elapsed / window) + 1
 end
@@ -123,8 +124,8 @@ local function bucket_for(share, limit, window, shift)
     if shift > 0 then return {0, 0, 0} end
     return {1, 1, 2 * window}
   end
-  local part = math.min(share - 1, math.max(1, math.floor(share * REPORT_INTERVAL_MS / (REPORT_INTERVAL_MS + window) + 0.5),
-                                            math.ceil(share * window / (FILL_LIMIT_MS + window)))) + shift
+  local part = math.min(share - 1, math.max(1, math.floor(share * REPORT_INTERVAL_MS / (REPORT_INTERVAL_MS + window) + 0.5)))
+  part = part + shift
   if part > share - 1 then return {0, 0, 0} end
   return {share - part, part, window}
 end
@@ -201,7 +202,14 @@ local function retire(entry, window)
 end
 
 local function left_of(h, now, window)
-  return math.min(h.m * 1000, h.level + refill(h.t, now - h.reported + SLACK_MS, h.m, window))
+  return h.level + refill(h.t, now - h.reported + SLACK_MS, h.m, window)
+end
+
+local function gone(h, till, window)
+  local since = h.reported
+  if h.fresh == 1 then since = h.since end
+  return {share = h.share, left = h.level + refill(h.t, till + SLACK_MS - since, h.m, window), ended = till,
+          reports = h.reports}
 end
 
 local function tidy(holder, now, window)
@@ -213,9 +221,7 @@ local function tidy(holder, now, window)
       local h = decode_holder(state[name])
       if now - h.seen >= LEASE_MS then
         drop(name)
-        if h.share > 0 then
-          retire({share = h.share, left = h.share * 1000, ended = h.seen + TTL_MS, reports = h.reports}, window)
-        end
+        if h.share > 0 then retire(gone(h, h.seen + TTL_MS, window), window) end
       end
     end
   end
@@ -249,37 +255,64 @@ end
 local holder = ARGV[5]
 local name = 'h:' .. holder
 
+-- what Envoy may hold besides the holder's current bucket (ledger.py's release and detach: unsure)
+local function book_unsure(share)
+  if share > 0 then
+    retire({share = share, left = share * 1000, ended = now + TTL_MS, reports = {}}, window)
+  end
+end
+
 if op == 'release' then
   if state[name] then
     local h = decode_holder(state[name])
     drop(name)
-    if h.share > 0 then
-      retire({share = h.share, left = h.share * 1000, ended = now + TTL_MS, reports = h.reports}, window)
-    end
-    redis.call('PEXPIRE', key, fmt(lifetime))
+    if h.share > 0 then retire(gone(h, now + TTL_MS, window), window) end
   end
+  book_unsure(tonumber(ARGV[6] or '0'))
+  redis.call('PEXPIRE', key, fmt(lifetime))
+  return 0
+end
+
+if op == 'detach' then
+  if state[name] then
+    local h = decode_holder(state[name])
+    if h.owner == ARGV[6] then
+      h.owner = ''
+      put(name, encode_holder(h))
+    end
+  end
+  book_unsure(tonumber(ARGV[7] or '0'))
+  redis.call('PEXPIRE', key, fmt(lifetime))
   return 0
 end
 
 local allowed = math.min(tonumber(ARGV[6]), MAX_COUNT)
 local denied = math.min(tonumber(ARGV[7]), MAX_COUNT)
 local elapsed = tonumber(ARGV[8])
+local owner = ARGV[9] or ''
 tidy(holder, now, window)
 local h
-if state[name] then
-  h = decode_holder(state[name])
-else
-  h = {share = 0, m = 0, t = 0, since = now, reported = now, level = 0, carry = 0, fresh = 0, demand = 0,
-       seen = now, reports = {}}
+if state[name] then h = decode_holder(state[name]) end
+if h and h.owner ~= '' and h.owner ~= owner and now - h.seen < LEASE_MS then return {-1, 0, 0} end
+if h and now - h.seen >= TTL_MS - SLACK_MS then
+  drop(name)
+  if h.share > 0 then retire(gone(h, h.seen + TTL_MS, window), window) end
+  h = nil
 end
+if not h then
+  h = {share = 0, m = 0, t = 0, since = now, reported = now, level = 0, carry = 0, fresh = 0, demand = 0,
+       seen = now, reports = {}, owner = owner}
+end
+h.owner = owner
 local level
 if h.fresh == 1 then
   local used = math.max(0, allowed * 1000 - h.carry)
   level = h.m * 1000 + refill(h.t, now - h.since, h.m, window) - used
 else
-  level = h.level + refill(h.t, now - h.reported, h.m, window) - allowed * 1000
+  local interval = math.max(now - h.reported, elapsed + 1000)
+  level = h.level + refill(h.t, interval, h.m, window) - allowed * 1000
   if denied > 0 and h.reported >= h.since + SLACK_MS then
-    level = math.min(level, 1000 + refill(h.t, now - h.reported, h.m, window))
+    level = math.min(level, 1000 + refill(h.t, interval, h.m, window))
   end
 end
 h.level = math.max(0, math.min(h.m * 1000, level))

@@ -1,8 +1,10 @@
 """A plain model of Envoy 1.40's quota filter enforcing slidegate's assignments, for simulations: Envoys that
 receive requests, enforce their bucket as the filter does (source/extensions/filters/http/rate_limit_quota/
 global_client_impl.cc: a token bucket that starts full and refills continuously at tokens_per_fill per
-whole-second fill_interval, kept when a new assignment's max_tokens and tokens_per_fill are unchanged; every
-request allowed before the first assignment), report every 5 s and take the answer a little later."""
+whole-second fill_interval, kept — tokens and fill interval — when a new assignment's max_tokens and
+tokens_per_fill are unchanged; an assignment that expires falls back (DENY_ALL here) and the next starts full;
+every request allowed before the first assignment), report every 5 s and take the answer a little later.
+Each of these was seen with Envoy 1.40 and a scripted server (docs/quotas.md, "Envoy 1.40 facts")."""
 
 from __future__ import annotations
 
@@ -28,16 +30,24 @@ class EnvoyBucket:
     reported: float = 0.0
     admitted_at: list[tuple[float, bool]] = field(default_factory=list)  # (time, before any assignment)
 
+    expires: float = 0.0  # when the assignment's TTL runs out (then the fallback: DENY_ALL here, the strictest)
+
     def apply(self, assignment: Assignment, now: float) -> None:
+        self.expire(now)
         old = self.assignment
-        if (old is not None and old.max_tokens == assignment.max_tokens
-                and old.tokens_per_fill == assignment.tokens_per_fill and not assignment.denies):
-            self.assignment = assignment  # Envoy keeps the bucket and its tokens
-            return
+        self.expires = now + ledger.TTL_MS / 1000
+        if (old is not None and not old.denies and not assignment.denies and old.max_tokens == assignment.max_tokens
+                and old.tokens_per_fill == assignment.tokens_per_fill):
+            return  # the same bucket to Envoy: tokens and fill interval kept (it compares fill_interval's nanos)
         self.assignment = assignment
         self.tokens, self.updated = float(assignment.max_tokens), now
 
+    def expire(self, now: float) -> None:
+        if self.assignment is not None and not self.assignment.denies and now >= self.expires:
+            self.assignment = ledger.DENY
+
     def request(self, now: float) -> bool:
+        self.expire(now)
         a = self.assignment
         if a is None:
             admitted, free = True, True

@@ -55,7 +55,9 @@ class Stream:
     call: grpc.aio.StreamStreamCall  # type: ignore[type-arg]
 
     async def report(self, *buckets: tuple[dict[str, str], int, int], domain: str = "quotas",
-                     elapsed: int = 5, answered: bool = True) -> Response | None:
+                     elapsed: int = 5, answered: int | None = None) -> Response | None:
+        """Send one report; return its answers (slidegate may answer in parts), merged into one Response, once
+        ``answered`` buckets (default: every bucket in the report) have an action; None when 0 are expected."""
         message = Reports(domain=domain)
         for bucket, allowed, denied in buckets:
             usage = message.bucket_quota_usages.add()
@@ -63,11 +65,15 @@ class Stream:
             usage.num_requests_allowed, usage.num_requests_denied = allowed, denied
             usage.time_elapsed.seconds = elapsed
         await self.call.write(message)
-        if not answered:
+        expected = len({key(b) for b, _, _ in buckets}) if answered is None else answered
+        if not expected:
             return None
-        answer = await self.call.read()
-        assert isinstance(answer, Response)
-        return answer
+        merged = Response()
+        while len(merged.bucket_action) < expected:
+            part = await self.call.read()
+            assert isinstance(part, Response)
+            merged.bucket_action.extend(part.bucket_action)
+        return merged
 
 
 def actions(answer: Response | None) -> dict[tuple[tuple[str, str], ...], Response.BucketAction]:
@@ -89,7 +95,7 @@ async def quotas(request: pytest.FixtureRequest, write_config: Callable[..., Pat
     """``await quotas(**settings)``: an app serving CONFIG's quotas on one storage, and a way to open streams."""
     started: list[tuple[grpc.aio.Server, Application, grpc.aio.Channel]] = []
 
-    async def start(text: str = CONFIG, idle_ms: int | None = None,
+    async def start(text: str = CONFIG, idle_ms: int | None = None, metadata: tuple[tuple[str, str], ...] = (),
                     **settings: str) -> tuple[Application, Callable[[], Stream]]:
         flags = {"config_dir": str(write_config(text)), "backend_type": request.param, "redis_url": redis_url,
                  "cache_key_prefix": key_prefix, **settings}
@@ -101,7 +107,8 @@ async def quotas(request: pytest.FixtureRequest, write_config: Callable[..., Pat
         started.append((server, app, channel))
         call = channel.stream_stream(METHOD, request_serializer=Reports.SerializeToString,
                                      response_deserializer=Response.FromString)
-        return app, lambda: Stream(call())  # type: ignore[call-arg]  # a stream opened without requests yet
+        # a stream opened without requests yet
+        return app, lambda: Stream(call(metadata=metadata or None))  # type: ignore[call-arg]
 
     yield start
     for server, app, channel in started:
@@ -194,12 +201,12 @@ async def test_bad_buckets_are_left_out_and_the_stream_goes_on(
     s = stream()
     huge = {f"k{i}": "v" for i in range(100)}
     with caplog.at_level(logging.WARNING, logger="slidegate.quotas"):
-        answer = actions(await s.report(({}, 1, 0), (huge, 1, 0), ({"": "x"}, 1, 0), (user("dave"), 1, 0)))
+        answer = actions(await s.report(({}, 1, 0), (huge, 1, 0), ({"": "x"}, 1, 0), (user("dave"), 1, 0), answered=1))
     assert list(answer) == [key(user("dave"))]
     assert "malformed bucket" in caplog.text and "an empty bucket id" in caplog.text
     # nothing but bad buckets: no answer at all (Envoy keeps its no-assignment behaviour for them); the next
     # answer is the next good report's
-    await s.report(({}, 1, 0), answered=False)
+    await s.report(({}, 1, 0), answered=0)
     assert list(actions(await s.report((user("erin"), 1, 0)))) == [key(user("erin"))]
 
 
@@ -234,3 +241,48 @@ async def test_a_reload_changes_what_a_bucket_gets(quotas: Callable[..., Awaitab
     app.holder.current = load_directory(write_config(changed))
     later = actions(await s.report((user("erin"), 0, 0)))[key(user("erin"))]
     assert later.quota_assignment_action.rate_limit_strategy.blanket_rule == DENY_ALL
+    # a reload that changes the limit to another: Envoy is told to forget the bucket (it would keep a token
+    # bucket of the same max_tokens and tokens_per_fill, refill included), and the next report starts afresh
+    hourly = CONFIG.replace("{unit: minute, requests_per_unit: 5}", "{unit: hour, requests_per_unit: 5}")
+    app.holder.current = load_directory(write_config(CONFIG))
+    s2 = stream()
+    await s2.report((user("fay"), 1, 0))
+    app.holder.current = load_directory(write_config(hourly))
+    assert actions(await s2.report((user("fay"), 0, 0)))[key(user("fay"))].HasField("abandon_action")
+    fresh = actions(await s2.report((user("fay"), 1, 0)))[key(user("fay"))]
+    assert fresh.quota_assignment_action.rate_limit_strategy.token_bucket.fill_interval.seconds == 3600
+
+
+async def test_an_envoy_that_names_itself_keeps_its_share_across_streams(
+        quotas: Callable[..., Awaitable[tuple[Application, Callable[[], Stream]]]]) -> None:
+    _, stream = await quotas(metadata=(("x-rlqs-instance", "envoy-7"),))
+    first = stream()
+    one = actions(await first.report((user("gus"), 1, 0)))[key(user("gus"))]
+    assert one.quota_assignment_action.rate_limit_strategy.token_bucket.max_tokens == 4
+    first.call.cancel()  # a reconnect: the next stream picks the holder up (a stream of its own would be denied)
+    await asyncio.sleep(0.2)
+    again = actions(await stream().report((user("gus"), 1, 0)))[key(user("gus"))]
+    assert again.quota_assignment_action.rate_limit_strategy.token_bucket == \
+        one.quota_assignment_action.rate_limit_strategy.token_bucket
+
+
+async def test_two_live_streams_naming_the_same_instance_do_not_share_a_holder(
+        quotas: Callable[..., Awaitable[tuple[Application, Callable[[], Stream]]]],
+        caplog: pytest.LogCaptureFixture) -> None:
+    _, stream = await quotas(metadata=(("x-rlqs-instance", "twin"),))
+    one = actions(await stream().report((user("hal"), 1, 0)))[key(user("hal"))]
+    assert one.quota_assignment_action.rate_limit_strategy.token_bucket.max_tokens == 4
+    with caplog.at_level(logging.WARNING, logger="slidegate.quotas"):
+        two = actions(await stream().report((user("hal"), 1, 0)))[key(user("hal"))]
+    assert two.quota_assignment_action.rate_limit_strategy.blanket_rule == DENY_ALL
+    assert "same Envoy instance (twin)" in caplog.text
+
+
+async def test_a_malformed_instance_name_is_ignored(quotas: Callable[..., Awaitable[tuple[Application,
+                                                                                       Callable[[], Stream]]]],
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    _, stream = await quotas(metadata=(("x-rlqs-instance", "no spaces allowed"),))
+    with caplog.at_level(logging.WARNING, logger="slidegate.quotas"):
+        answer = actions(await stream().report((user("ike"), 1, 0)))
+    assert answer[key(user("ike"))].quota_assignment_action.rate_limit_strategy.token_bucket.max_tokens == 4
+    assert "ignored x-rlqs-instance" in caplog.text

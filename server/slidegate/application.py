@@ -20,6 +20,7 @@ from slidegate.failure_modes import FailureMode
 from slidegate.heap import Heap
 from slidegate.limiter import Limiter, LimiterOptions
 from slidegate.metrics import Metrics
+from slidegate.quotas.ledger import SLACK_MS
 from slidegate.quotas.service import QuotaService
 from slidegate.quotas.storage import MemoryQuotas, QuotaStorage, RedisQuotas
 from slidegate.reload import ConfigHolder
@@ -86,8 +87,11 @@ def make_quota_storage(settings: Settings) -> QuotaStorage:
     this process's memory."""
     if settings.backend_type == "memory":
         return MemoryQuotas()
+    # a report is rare, so it may wait longer than a decision; but the ledger allows its answer SLACK_MS to reach
+    # Envoy, and a script that ran just before its call timed out counts from when it ran
+    timeout = min(settings.redis_timeout * 4, SLACK_MS / 2000)
     return RedisQuotas(_topology(settings, settings.redis_type, settings.redis_url, settings.redis_tls,
-                                 settings.redis_auth, settings.redis_sentinel_auth), timeout=settings.redis_timeout * 4)
+                                 settings.redis_auth, settings.redis_sentinel_auth), timeout=timeout)
 
 
 def make_statsd_sink(settings: Settings, store: StatsStore, environ: Mapping[str, str]) -> StatsdSink | None:

@@ -51,19 +51,17 @@ from dataclasses import dataclass
 REPORT_INTERVAL_MS = 5_000
 # An assignment lives this long in Envoy without being renewed: two reports may go unanswered.
 TTL_MS = 3 * REPORT_INTERVAL_MS
-# How long Envoy may keep using a bucket after its replacement was sent (the answer's way to Envoy).
-SLACK_MS = 1_000
+# How long Envoy may keep using a bucket after the ledger replaced it: the storage's answer (at most half of
+# this, slidegate.application bounds its timeout) and the answer's way to Envoy.
+SLACK_MS = 2_000
 # A holder not heard from for this long is gone (its slidegate replica stopped): its share is retired.
 LEASE_MS = 3 * REPORT_INTERVAL_MS
 # A holder keeps at most this many reports (older ones merged), a ledger at most this many retired bookings.
 MAX_REPORTS = 16
 MAX_RETIRED = 32
-# Envoy starts a bucket full by dating it back by the time it takes to fill, and may not date it back before
-# the machine's boot (AtomicTokenBucketImpl: the bucket then starts empty, with an ENVOY_BUG line): a bucket
-# fills from empty within this long, so an Envoy on a machine up for longer gets its burst.
-FILL_LIMIT_MS = 300_000
-# Counts and demands are capped here so that sums of them stay exact in a double.
-MAX_COUNT = 2**40
+# Counts (as reported, and merged) are capped here, above any limit, so that sums of them in thousandths stay
+# exact in a double.
+MAX_COUNT = 2**32
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +81,22 @@ class Assignment:
 DENY = Assignment(0, 0, 0)
 
 
+class HolderTaken(Exception):
+    """Another stream reports this holder (its owner, heard from within LEASE_MS)."""
+
+
+def share_of(assignment: Assignment, window_ms: int) -> int:
+    """The most ``assignment``'s bucket admits in a window of ``window_ms`` (its share, see bucket_for)."""
+    if assignment.denies:
+        return 0
+    return 1 if assignment.fill_interval_ms > window_ms else assignment.max_tokens + assignment.tokens_per_fill
+
+
 def bucket_for(share: int, limit: int, window_ms: int, shift: int = 0) -> Assignment:
     """The token bucket that admits at most ``share`` requests in any window of ``window_ms``: m + t = share
     with t refilled per window. The refill's part grows with how many windows pass between two reports (for
     a per-second limit the refill carries the load; for a minute or more the burst does, and fresh buckets
-    follow the reports), and is at least what fills the bucket from empty within FILL_LIMIT_MS. ``shift``
+    follow the reports). ``shift``
     moves that many tokens more from the burst to the refill (a fresh bucket of the same share, see report).
     A share of 1 is a bucket of 1 refilled every two windows (at most one per window), offered only when the
     limit itself is 1: for a larger limit it would look to Envoy like a share of 2's bucket (Envoy compares
@@ -96,8 +105,8 @@ def bucket_for(share: int, limit: int, window_ms: int, shift: int = 0) -> Assign
         return DENY
     if share == 1:
         return DENY if shift else Assignment(1, 1, 2 * window_ms)
-    refill = min(share - 1, max(1, math.floor(share * REPORT_INTERVAL_MS / (REPORT_INTERVAL_MS + window_ms) + 0.5),
-                                math.ceil(float(share) * window_ms / (FILL_LIMIT_MS + window_ms)))) + shift
+    refill = min(share - 1, max(1, math.floor(share * REPORT_INTERVAL_MS / (REPORT_INTERVAL_MS + window_ms) + 0.5)))
+    refill += shift
     if refill > share - 1:
         return DENY
     return Assignment(share - refill, refill, window_ms)
@@ -109,7 +118,8 @@ class Holder:
     ``reported`` the time of its last report, ``level`` (mt) an upper bound of its tokens then, ``carry`` (mt)
     what the bucket it replaced may have let through after ``since`` (only until the next report), ``fresh``:
     no report since the bucket was sent, ``demand`` (thousandths of a request per second), ``seen`` (ms),
-    ``reports``: (time, allowed) of this bucket's reports within the last window, oldest first."""
+    ``reports``: (time, allowed) of this bucket's reports within the last window, oldest first; ``owner``: the
+    stream that reports it ("": none now, see ``detach``)."""
 
     share: int
     m: int
@@ -122,17 +132,18 @@ class Holder:
     demand: int
     seen: int
     reports: list[tuple[int, int]]
+    owner: str
 
     def encode(self) -> str:
         numbers = (self.share, self.m, self.t, self.since, self.reported, self.level, self.carry, self.fresh,
                    self.demand, self.seen)
-        return " ".join(str(n) for n in numbers) + "|" + _encode_reports(self.reports)
+        return " ".join(str(n) for n in numbers) + "|" + _encode_reports(self.reports) + "|" + self.owner
 
     @classmethod
     def decode(cls, text: str) -> Holder:
-        head, _, tail = text.partition("|")
+        head, reports, owner = text.split("|")
         n = [int(x) for x in head.split(" ")]
-        return cls(n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7], n[8], n[9], _decode_reports(tail))
+        return cls(n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7], n[8], n[9], _decode_reports(reports), owner)
 
 
 @dataclass(slots=True)
@@ -186,16 +197,17 @@ def _keep_reports(reports: list[tuple[int, int]], now: int, window_ms: int) -> l
     kept = [(at, allowed) for at, allowed in reports if at > now - window_ms]
     while len(kept) > MAX_REPORTS:
         (_, first), (at, second) = kept[0], kept[1]
-        kept[0:2] = [(at, first + second)]
+        kept[0:2] = [(at, min(MAX_COUNT, first + second))]
     return kept
 
 
 def _refill(t: int, elapsed: int, m: int, window_ms: int) -> int:
     """An upper bound (mt) of what t tokens per window refill in ``elapsed`` ms: one thousandth more than
-    the double's quotient, capped where the bucket would be full anyway."""
+    the double's quotient, capped past a bucket's share (m + t: all a bucket can let through in a window), where
+    every use of it is capped anyway."""
     if t <= 0:
         return 0
-    longest = window_ms * (m // t + 1)
+    longest = window_ms * (m // t + 2)
     elapsed = min(elapsed, longest)
     return math.floor(float(t) * 1000 * elapsed / window_ms) + 1  # in doubles, as the Lua
 
@@ -215,7 +227,7 @@ def _retire(state: dict[str, str], entry: Retired, window_ms: int) -> None:
     merged = sorted(a.reports + b.reports)
     while len(merged) > MAX_REPORTS:
         (_, c1), (at, c2) = merged[0], merged[1]
-        merged[0:2] = [(at, c1 + c2)]
+        merged[0:2] = [(at, min(MAX_COUNT, c1 + c2))]
     state[first] = Retired(a.share + b.share, a.left + b.left, max(a.ended, b.ended), merged).encode()
     del state[second]
 
@@ -228,9 +240,17 @@ def _assignment(h: Holder, window_ms: int) -> Assignment:
 
 
 def _left(h: Holder, now: int, window_ms: int) -> int:
-    """An upper bound (mt) of what ``h``'s bucket holds now plus what it refills before a replacement sent now
-    reaches Envoy."""
-    return min(h.m * 1000, h.level + _refill(h.t, now - h.reported + SLACK_MS, h.m, window_ms))
+    """An upper bound (mt) of what ``h``'s bucket may let through from its last report until a replacement sent
+    now reaches Envoy: what it held then and what it refills until then (not capped at max_tokens: a full
+    bucket goes on refilling as it lets requests through)."""
+    return h.level + _refill(h.t, now - h.reported + SLACK_MS, h.m, window_ms)
+
+
+def _gone(h: Holder, until: int, window_ms: int) -> Retired:
+    """``h``'s bucket once nothing replaces it: Envoy may enforce it until ``until`` (when its assignment's TTL
+    runs out), so what it held at its last report and refills until then (and SLACK_MS more) stays booked."""
+    since = h.since if h.fresh == 1 else h.reported
+    return Retired(h.share, h.level + _refill(h.t, until + SLACK_MS - since, h.m, window_ms), until, h.reports)
 
 
 def _tidy(state: dict[str, str], holder: str, now: int, window_ms: int) -> None:
@@ -246,27 +266,43 @@ def _tidy(state: dict[str, str], holder: str, now: int, window_ms: int) -> None:
         if now - h.seen >= LEASE_MS:
             del state[name]
             if h.share > 0:
-                _retire(state, Retired(h.share, h.share * 1000, h.seen + TTL_MS, h.reports), window_ms)
+                _retire(state, _gone(h, h.seen + TTL_MS, window_ms), window_ms)
 
 
 def report(state: dict[str, str], limit: int, window_ms: int, holder: str, allowed: int, denied: int,
-           elapsed_ms: int, now: int) -> Assignment:
-    """Take ``holder``'s report (``allowed`` and ``denied`` requests over ``elapsed_ms``) at ``now`` (ms) into
-    the ledger ``state`` of a quota of ``limit`` per ``window_ms``; return the holder's bucket from now on."""
+           elapsed_ms: int, now: int, owner: str = "") -> Assignment:
+    """Take ``holder``'s report (``allowed`` and ``denied`` requests over ``elapsed_ms``, as Envoy measured it)
+    at ``now`` (ms) into the ledger ``state`` of a quota of ``limit`` per ``window_ms``, from the stream
+    ``owner``; return the holder's bucket from now on. Raises HolderTaken when another stream reports it."""
     allowed, denied = min(allowed, MAX_COUNT), min(denied, MAX_COUNT)
     _tidy(state, holder, now, window_ms)
     name = "h:" + holder
-    h = Holder.decode(state[name]) if name in state else Holder(0, 0, 0, now, now, 0, 0, 0, 0, now, [])
+    h = Holder.decode(state[name]) if name in state else None
+    if h is not None and h.owner not in ("", owner) and now - h.seen < LEASE_MS:
+        raise HolderTaken(holder)
+    if h is not None and now - h.seen >= TTL_MS - SLACK_MS:
+        # unanswered for so long that Envoy's assignment may expire before this answer reaches it, and then
+        # Envoy starts full whatever comes: the old bucket is booked as gone, and the holder starts again
+        del state[name]
+        if h.share > 0:
+            _retire(state, _gone(h, h.seen + TTL_MS, window_ms), window_ms)
+        h = None
+    if h is None:
+        h = Holder(0, 0, 0, now, now, 0, 0, 0, 0, now, [], owner)
+    h.owner = owner
     # what the bucket may hold now, from what it was sent and what it was reported to let through
     if h.fresh == 1:
         used = max(0, allowed * 1000 - h.carry)
         level = h.m * 1000 + _refill(h.t, now - h.since, h.m, window_ms) - used
     else:
-        level = h.level + _refill(h.t, now - h.reported, h.m, window_ms) - allowed * 1000
+        # Envoy's interval may be longer than the one between the reports' arrivals (the earlier one may have
+        # been slower on its way): it is less than its own elapsed time (whole seconds, rounded down) plus one
+        interval = max(now - h.reported, elapsed_ms + 1000)
+        level = h.level + _refill(h.t, interval, h.m, window_ms) - allowed * 1000
         if denied > 0 and h.reported >= h.since + SLACK_MS:
             # a request denied since the last report found the bucket below one token (this bucket's: it had
             # reached Envoy by then), and it refilled at most the whole interval since
-            level = min(level, 1000 + _refill(h.t, now - h.reported, h.m, window_ms))
+            level = min(level, 1000 + _refill(h.t, interval, h.m, window_ms))
     h.level = max(0, min(h.m * 1000, level))
     h.fresh, h.carry = 0, 0
     if h.share > 0 and allowed > 0:  # what a holder lets through before its first bucket is not booked
@@ -324,15 +360,35 @@ def report(state: dict[str, str], limit: int, window_ms: int, holder: str, allow
     return candidate
 
 
-def release(state: dict[str, str], window_ms: int, holder: str, now: int) -> None:
-    """``holder``'s stream ended at ``now``: its Envoy may enforce its bucket until the TTL runs out, so the
-    whole share stays booked until then, and a window longer."""
+def release(state: dict[str, str], window_ms: int, holder: str, now: int, unsure: int = 0) -> None:
+    """``holder``'s stream ended at ``now`` (or its storage call failed): its Envoy may enforce its bucket until
+    the TTL runs out, so what it may still let through until then stays booked, until a window later. ``unsure``:
+    the largest share of another bucket Envoy may hold instead (one sent within the TTL, or whose replacement
+    may not have reached it), booked in full as long."""
     name = "h:" + holder
-    if name not in state:
-        return
-    h = Holder.decode(state.pop(name))
-    if h.share > 0:
-        _retire(state, Retired(h.share, h.share * 1000, now + TTL_MS, h.reports), window_ms)
+    if name in state:
+        h = Holder.decode(state.pop(name))
+        if h.share > 0:
+            _retire(state, _gone(h, now + TTL_MS, window_ms), window_ms)
+    _book_unsure(state, unsure, now, window_ms)
+
+
+def detach(state: dict[str, str], window_ms: int, holder: str, owner: str, now: int, unsure: int = 0) -> None:
+    """``owner``'s stream ended at ``now``, and its Envoy (which says who it is) may come back on another: the
+    holder stays as it is, for whichever stream reports it next; not heard from within LEASE_MS, it is retired.
+    ``unsure`` as for ``release``."""
+    name = "h:" + holder
+    if name in state:
+        h = Holder.decode(state[name])
+        if h.owner == owner:
+            h.owner = ""
+            state[name] = h.encode()
+    _book_unsure(state, unsure, now, window_ms)
+
+
+def _book_unsure(state: dict[str, str], share: int, now: int, window_ms: int) -> None:
+    if share > 0:
+        _retire(state, Retired(share, share * 1000, now + TTL_MS, []), window_ms)
 
 
 def booked(state: dict[str, str], limit: int, window_ms: int, now: int) -> int:

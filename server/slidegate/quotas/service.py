@@ -13,12 +13,14 @@ a stream that ends gives its shares back.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -29,7 +31,7 @@ from slidegate._proto.envoy.type.v3 import ratelimit_strategy_pb2
 from slidegate.config import Config
 from slidegate.limiter import Descriptor, Limiter, NoConfigLoaded
 from slidegate.logs import Repeated
-from slidegate.quotas.ledger import TTL_MS, Assignment
+from slidegate.quotas.ledger import SLACK_MS, TTL_MS, Assignment, HolderTaken, share_of
 from slidegate.quotas.storage import Quota, QuotaStorage
 
 log = logging.getLogger("slidegate.quotas")
@@ -45,6 +47,10 @@ IDLE_MS = 60_000
 # a bucket id beyond these is malformed: Envoy's builders make a few short entries
 MAX_ENTRIES = 32
 MAX_ID_BYTES = 8192
+# the stream metadata an Envoy names itself with (the filter's rlqs_server.initial_metadata), so that its holders
+# outlive its streams
+INSTANCE_HEADER = "x-rlqs-instance"
+_INSTANCE = re.compile(r"[A-Za-z0-9._:@/-]{1,128}")
 # metric labels of this many domains at most
 DOMAIN_LABELS = 100
 # how many buckets of one report go to the storage at once
@@ -71,21 +77,47 @@ class QuotaMetrics:
 
 @dataclass(slots=True)
 class Bucket:
-    """One bucket of a stream: what it matched (``quota`` None: a blanket ``rule``), under which config, its
-    holder name in the ledger and when it last had requests (monotonic ms)."""
+    """One bucket of a stream: its id as sent, what it matched (``quota`` None: a blanket ``rule``) under which
+    config, its holder's name in the ledger, when it last had requests (monotonic ms) and the assignments sent
+    within a TTL (monotonic ms, share), newest last."""
 
+    bucket_id: rlqs_pb2.BucketId
     entries: tuple[tuple[str, str], ...]
     config: Config | None
     quota: Quota | None
     rule: int
     holder: str
     active: float
+    sent: list[tuple[float, int]] = field(default_factory=list)
+
+    def unsure(self, *, last_too: bool) -> int:
+        """The largest share of a bucket Envoy may hold other than the one the ledger knows it holds: any sent
+        within a TTL that differs from the last one sent (whose replacement may not have reached Envoy when the
+        stream broke), and the last one too when the ledger may have replaced it unbeknown to Envoy."""
+        now = time.monotonic() * 1000
+        recent = [share for at, share in self.sent if now - at < TTL_MS + SLACK_MS]
+        if not recent:
+            return 0
+        last = recent[-1]
+        others = [share for share in recent if share != last]
+        return max([*others, last] if last_too else others, default=0)
+
+    def record(self, share: int) -> None:
+        now = time.monotonic() * 1000
+        self.sent = [(at, s) for at, s in self.sent if now - at < TTL_MS + SLACK_MS and s != share]
+        self.sent.append((now, share))
 
 
 class QuotaService:
     """The Rate Limit Quota Service on top of a Limiter (for matching) and a QuotaStorage (for the ledgers);
     ``max_buckets`` per stream (RLQS_MAX_BUCKETS_PER_STREAM); a bucket idle for ``idle_ms`` (or its quota's
-    window, if longer) is abandoned."""
+    window, if longer) is abandoned.
+
+    A holder in a ledger is one Envoy's bucket. Envoy sends nothing that says which Envoy it is, so a holder is
+    named after its stream, and a stream that ends gives its holders back: booked until their Envoy can no
+    longer be enforcing them (the assignment's TTL). An Envoy that names itself in the stream's metadata
+    (INSTANCE_HEADER, the filter's ``rlqs_server.initial_metadata``) keeps its holders across its streams, on
+    any replica: a reconnect picks up where it left off."""
 
     def __init__(self, limiter: Limiter, storage: QuotaStorage, registry: CollectorRegistry, *,
                  max_buckets: int = 10_000, idle_ms: int = IDLE_MS) -> None:
@@ -94,13 +126,15 @@ class QuotaService:
         self.metrics = QuotaMetrics(registry)
         self._max_buckets = max_buckets
         self._idle_ms = idle_ms
-        # holders are named per process and stream, so that replicas sharing one Redis never mix theirs up
+        # streams are named per process, so that replicas sharing one Redis never mix their holders up
         self._process = uuid.uuid4().hex[:12]
         self._streams = itertools.count(1)
         self._malformed = Repeated(log, "a quota report named a malformed bucket, not tracked: %s")
         self._labels: set[str] = set()
-        self._storage_failed = Repeated(log, "the storage did not take a quota report (assignments stay as they "
-                                        "were until their TTL): %s")
+        self._storage_failed = Repeated(log, "the storage did not take a quota report (the bucket's assignment "
+                                        "stays as it was until its TTL, and its holder starts again): %s")
+        self._taken = Repeated(log, "two streams report as the same Envoy instance (%s): the later one's buckets "
+                               "are its own, as if it had not named itself")
 
     async def close(self) -> None:
         await self._storage.close()
@@ -113,13 +147,21 @@ class QuotaService:
         except Exception as exc:  # the reports will say so again, with the reason
             self._storage_failed(repr(exc))
 
-    def _label(self, domain: str) -> str:
+    def label(self, domain: str) -> str:
         """``domain`` as a metric label: Envoy names it, so past DOMAIN_LABELS of them, ``_other``."""
         if domain not in self._labels:
             if len(self._labels) >= DOMAIN_LABELS:
                 return "_other"
             self._labels.add(domain)
         return domain
+
+    def _blanket(self, bucket_id: rlqs_pb2.BucketId, rule: int, label: str) -> Response.BucketAction:
+        action = Response.BucketAction(bucket_id=bucket_id)
+        assignment = action.quota_assignment_action
+        assignment.assignment_time_to_live.FromMilliseconds(TTL_MS)
+        assignment.rate_limit_strategy.blanket_rule = rule  # type: ignore[assignment]  # an int of the enum
+        self.metrics.assignments.labels(label, "allow_all" if rule == ALLOW_ALL else "deny_all").inc()
+        return action
 
     def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         method = grpc.stream_stream_rpc_method_handler(
@@ -128,86 +170,132 @@ class QuotaService:
         return grpc.method_handlers_generic_handler(SERVICE, {"StreamRateLimitQuotas": method})
 
     async def stream(self, reports: AsyncIterator[Reports], context: Any) -> AsyncIterator[Response]:
-        """One Envoy's stream: an answer to every report, until Envoy goes."""
-        name = f"{self._process}-{next(self._streams)}"
-        # by domain too: Envoy opens a stream per domain, and a client that mixes them gets what each says
-        buckets: dict[tuple[str, tuple[tuple[str, str], ...]], Bucket] = {}
-        numbers = itertools.count(1)
-        over_bound = False
+        """One Envoy's stream: an answer to every report, in parts for a large one, until Envoy goes."""
+        stream = _Stream(self, f"{self._process}-{next(self._streams)}", _instance(context), context.peer())
         self.metrics.streams.inc()
-        log.info("quota stream %s opened by %s", name, context.peer())
+        log.info("quota stream %s opened by %s%s", stream.name, stream.peer,
+                 f" (instance {stream.instance})" if stream.instance else "")
         await self.warm()
         try:
             async for message in reports:
-                domain = message.domain
-                label = self._label(domain)
-                actions: list[Response.BucketAction] = []
-                pending: list[tuple[Bucket, int, int, int]] = []
-                for usage in message.bucket_quota_usages:
-                    entries = _entries(usage.bucket_id)
-                    if isinstance(entries, str):
-                        self.metrics.refused.labels("malformed").inc()
-                        self._malformed(entries)
-                        continue
-                    allowed, denied = usage.num_requests_allowed, usage.num_requests_denied
-                    self.metrics.reported.labels(label, "allowed").inc(allowed)
-                    self.metrics.reported.labels(label, "denied").inc(denied)
-                    bucket = buckets.get((domain, entries))
-                    if bucket is None:
-                        if len(buckets) >= self._max_buckets:
-                            # untracked: denied at every report, abandoned once idle (Envoy forgets it; a request
-                            # makes it again, and its first passes as any new bucket's does)
-                            if not allowed and not denied:
-                                actions.append(self._abandon(usage.bucket_id, label, tracked=False))
-                                continue
-                            if not over_bound:
-                                over_bound = True
-                                log.warning("quota stream %s (%s) reported more than %d buckets "
-                                            "(RLQS_MAX_BUCKETS_PER_STREAM): each further bucket is denied",
-                                            name, context.peer(), self._max_buckets)
-                            self.metrics.refused.labels("too_many").inc()
-                            actions.append(self._blanket(usage.bucket_id, DENY_ALL, label))
-                            continue
-                        bucket = Bucket(entries, None, None, ALLOW_ALL, f"{name}/{next(numbers)}", 0.0)
-                        buckets[domain, entries] = bucket
-                        self.metrics.buckets.inc()
-                    now = time.monotonic() * 1000
-                    if allowed or denied or not bucket.active:
-                        bucket.active = now
-                    elif now - bucket.active >= max(self._idle_ms, bucket.quota.window_ms if bucket.quota else 0):
-                        actions.append(self._abandon(usage.bucket_id, label))
-                        await self._leave(buckets.pop((domain, entries)))
-                        continue
-                    try:
-                        await self._match(domain, bucket)
-                    except NoConfigLoaded:
-                        continue  # no config yet (xDS): Envoy keeps its no-assignment behaviour meanwhile
-                    if bucket.quota is None:
-                        actions.append(self._blanket(usage.bucket_id, bucket.rule, label))
-                    else:
-                        pending.append((bucket, allowed, denied, usage.time_elapsed.seconds * 1000))
-                        actions.append(Response.BucketAction(bucket_id=usage.bucket_id))
-                await self._assign(pending, actions, label)
-                answered = [a for a in actions if a.WhichOneof("bucket_action") is not None]
-                if answered:
-                    yield Response(bucket_action=answered)
+                async for response in stream.answer(message):
+                    yield response
         finally:
             # shielded: a stream is ended by cancelling its handler, and the shares must go back all the same
-            await asyncio.shield(self._close(name, list(buckets.values())))
+            await asyncio.shield(stream.close())
 
-    async def _close(self, name: str, buckets: list[Bucket]) -> None:
-        for bucket in buckets:
-            await self._leave(bucket)
-        self.metrics.buckets.dec(len(buckets))
-        self.metrics.streams.dec()
-        log.info("quota stream %s closed (%d buckets given back)", name, len(buckets))
 
-    async def _match(self, domain: str, bucket: Bucket) -> None:
-        """What ``bucket`` is under the current config (matched again after a reload; a quota it no longer
-        matches gets its share back). Raises NoConfigLoaded."""
-        plan = self._limiter.prepare(domain, [Descriptor(bucket.entries)])
+class _Stream:
+    """The buckets of one stream (by domain too: Envoy opens a stream per domain, and a client that mixes them
+    gets what each says) and how each report is answered."""
+
+    def __init__(self, service: QuotaService, name: str, instance: str, peer: str) -> None:
+        self.service = service
+        self.name = name
+        self.instance = instance
+        self.peer = peer
+        self.buckets: dict[tuple[str, tuple[tuple[str, str], ...]], Bucket] = {}
+        self._numbers = itertools.count(1)
+        self._over_bound = False
+
+    def _holder(self, domain: str, entries: tuple[tuple[str, str], ...]) -> str:
+        """A new bucket's holder: the Envoy's own across its streams when it named itself, else this stream's."""
+        if self.instance:
+            digest = hashlib.sha256(repr((domain, entries)).encode()).hexdigest()[:32]
+            return f"i:{self.instance}:{digest}"
+        return f"{self.name}/{next(self._numbers)}"
+
+    async def answer(self, message: Reports) -> AsyncIterator[Response]:
+        """The answers to one report: the blanket and abandoned buckets' at once, then the quota buckets' as the
+        storage books them (CONCURRENT_REPORTS at a time, each part sent as soon as it is booked: the ledger
+        allows an answer SLACK_MS to reach Envoy)."""
+        service, metrics = self.service, self.service.metrics
+        domain = message.domain
+        label = service.label(domain)
+        actions: list[Response.BucketAction] = []
+        pending: dict[tuple[str, tuple[tuple[str, str], ...]], list[int]] = {}  # bucket → [allowed, denied, ms]
+        for usage in message.bucket_quota_usages:
+            entries = _entries(usage.bucket_id)
+            if isinstance(entries, str):
+                metrics.refused.labels("malformed").inc()
+                service._malformed(entries)
+                continue
+            allowed, denied = usage.num_requests_allowed, usage.num_requests_denied
+            metrics.reported.labels(label, "allowed").inc(allowed)
+            metrics.reported.labels(label, "denied").inc(denied)
+            key = (domain, entries)
+            if key in pending:  # the same bucket twice in one report: one report of both counts
+                pending[key][0] += allowed
+                pending[key][1] += denied
+                continue
+            bucket = self.buckets.get(key)
+            if bucket is None:
+                if len(self.buckets) >= service._max_buckets:
+                    actions.append(self._untracked(usage.bucket_id, label, idle=not allowed and not denied))
+                    continue
+                bucket = Bucket(usage.bucket_id, entries, None, None, ALLOW_ALL, self._holder(domain, entries), 0.0)
+                self.buckets[key] = bucket
+                metrics.buckets.inc()
+            now = time.monotonic() * 1000
+            if allowed or denied or not bucket.active:
+                bucket.active = now
+            elif now - bucket.active >= max(service._idle_ms, bucket.quota.window_ms if bucket.quota else 0):
+                actions.append(await self._abandon(key, label))
+                continue
+            try:
+                changed = await self._match(domain, bucket)
+            except NoConfigLoaded:
+                continue  # no config yet (xDS): Envoy keeps its no-assignment behaviour meanwhile
+            if changed:
+                # a reload changed the bucket's limit: Envoy would keep its token bucket (and its refill) were the
+                # new one's max_tokens and tokens_per_fill the same, so it forgets it, and starts afresh
+                actions.append(await self._abandon(key, label))
+            elif bucket.quota is None:
+                actions.append(service._blanket(usage.bucket_id, bucket.rule, label))
+            else:
+                pending[key] = [allowed, denied, usage.time_elapsed.seconds * 1000]
+        if actions:
+            yield Response(bucket_action=actions)
+        keys = list(pending)
+        for start in range(0, len(keys), CONCURRENT_REPORTS):
+            chunk = [self.buckets[k] for k in keys[start:start + CONCURRENT_REPORTS]]
+            booked = await asyncio.gather(*(self._book(b, *pending[(domain, b.entries)]) for b in chunk))
+            answered = []
+            for bucket, assignment in zip(chunk, booked, strict=True):
+                if assignment is not None:
+                    answered.append(_assignment(bucket.bucket_id, assignment))
+                    metrics.assignments.labels(label, "deny_all" if assignment.denies else "token_bucket").inc()
+                    assert bucket.quota is not None
+                    bucket.record(share_of(assignment, bucket.quota.window_ms))
+            if answered:
+                yield Response(bucket_action=answered)
+
+    async def _book(self, bucket: Bucket, allowed: int, denied: int, elapsed_ms: int) -> Assignment | None:
+        """``bucket``'s report, booked: its assignment, or None when the storage failed."""
+        assert bucket.quota is not None
+        storage = self.service._storage
+        try:
+            try:
+                return await storage.report(bucket.quota, bucket.holder, allowed, denied, elapsed_ms, self.name)
+            except HolderTaken:  # another stream reports as this Envoy instance: this one's bucket is its own
+                self.service._taken(self.instance)
+                bucket.holder = f"{self.name}/{next(self._numbers)}"
+                return await storage.report(bucket.quota, bucket.holder, allowed, denied, elapsed_ms, self.name)
+        except Exception as exc:
+            # the script may have run and changed the bucket without Envoy hearing of it: the holder is given
+            # back (booked for what its bucket may still let through) and the bucket starts again under a new one
+            self.service.metrics.storage_errors.inc()
+            self.service._storage_failed(repr(exc))
+            await self._leave(bucket, unsure=bucket.unsure(last_too=True))
+            bucket.holder = f"{self.name}/{next(self._numbers)}"
+            return None
+
+    async def _match(self, domain: str, bucket: Bucket) -> bool:
+        """What ``bucket`` is under the current config (matched again after a reload; a quota it no longer has
+        gets its holder back); whether a reload changed its quota to another. Raises NoConfigLoaded."""
+        plan = self.service._limiter.prepare(domain, [Descriptor(bucket.entries)])
         if plan.config is bucket.config:
-            return
+            return False
         bucket.config = plan.config
         quota = None
         rule = ALLOW_ALL  # no limit, unlimited, or a shadow rule: never rejects
@@ -219,57 +307,84 @@ class QuotaService:
                 window_ms = check.window_us // 1000
                 # a limit's ledger is its own: a reload that changes the limit or window starts a new one
                 quota = Quota(f"{check.key}:quota:{check.limit}:{window_ms}", check.limit, window_ms)
-        bucket.rule = rule
-        if bucket.quota is not None and quota != bucket.quota:
+        changed = bucket.quota is not None and quota is not None and quota != bucket.quota
+        if bucket.quota is not None and quota is None:
             await self._leave(bucket)
-        bucket.quota = quota
+        bucket.rule, bucket.quota = rule, quota if not changed else bucket.quota
+        return changed
 
-    async def _assign(self, pending: list[tuple[Bucket, int, int, int]], actions: list[Response.BucketAction],
-                      domain: str) -> None:
-        """Book each quota bucket's report and fill its action (left empty, so not sent, when the storage
-        failed)."""
-        slots = [a for a in actions if not a.HasField("quota_assignment_action") and not a.HasField(
-            "abandon_action")]
-        for start in range(0, len(pending), CONCURRENT_REPORTS):
-            chunk = pending[start:start + CONCURRENT_REPORTS]
-            answers = await asyncio.gather(
-                *(self._storage.report(b.quota, b.holder, allowed, denied, elapsed)  # type: ignore[arg-type]
-                  for b, allowed, denied, elapsed in chunk), return_exceptions=True)
-            for action, answer in zip(slots[start:start + CONCURRENT_REPORTS], answers, strict=True):
-                if isinstance(answer, BaseException):
-                    if not isinstance(answer, Exception):
-                        raise answer
-                    self.metrics.storage_errors.inc()
-                    self._storage_failed(repr(answer))
-                    continue
-                _fill(action, answer)
-                self.metrics.assignments.labels(domain, "deny_all" if answer.denies else "token_bucket").inc()
+    def _untracked(self, bucket_id: rlqs_pb2.BucketId, label: str, *, idle: bool) -> Response.BucketAction:
+        """A bucket past the stream's bound: denied at every report, abandoned once idle (Envoy forgets it; a
+        request makes it again, and its first passes as any new bucket's does)."""
+        metrics = self.service.metrics
+        if idle:
+            metrics.assignments.labels(label, "abandon").inc()
+            return _abandoned(bucket_id)
+        if not self._over_bound:
+            self._over_bound = True
+            log.warning("quota stream %s (%s) reported more than %d buckets (RLQS_MAX_BUCKETS_PER_STREAM): each "
+                        "further bucket is denied", self.name, self.peer, self.service._max_buckets)
+        metrics.refused.labels("too_many").inc()
+        return self.service._blanket(bucket_id, DENY_ALL, label)
 
-    def _blanket(self, bucket_id: rlqs_pb2.BucketId, rule: int, domain: str) -> Response.BucketAction:
-        action = Response.BucketAction(bucket_id=bucket_id)
-        assignment = action.quota_assignment_action
-        assignment.assignment_time_to_live.FromMilliseconds(TTL_MS)
-        assignment.rate_limit_strategy.blanket_rule = rule  # type: ignore[assignment]  # an int of the enum
-        self.metrics.assignments.labels(domain, "allow_all" if rule == ALLOW_ALL else "deny_all").inc()
-        return action
+    async def _abandon(self, key: tuple[str, tuple[tuple[str, str], ...]], label: str) -> Response.BucketAction:
+        bucket = self.buckets.pop(key)
+        self.service.metrics.buckets.dec()
+        self.service.metrics.assignments.labels(label, "abandon").inc()
+        await self._leave(bucket)
+        return _abandoned(bucket.bucket_id)
 
-    def _abandon(self, bucket_id: rlqs_pb2.BucketId, domain: str, *, tracked: bool = True) -> Response.BucketAction:
-        action = Response.BucketAction(bucket_id=bucket_id)
-        action.abandon_action.SetInParent()
-        self.metrics.assignments.labels(domain, "abandon").inc()
-        if tracked:
-            self.metrics.buckets.dec()
-        return action
-
-    async def _leave(self, bucket: Bucket) -> None:
-        """Give ``bucket``'s share back (its Envoy may enforce it until its TTL: the ledger keeps it booked)."""
+    async def _leave(self, bucket: Bucket, unsure: int | None = None) -> None:
+        """Give ``bucket``'s holder back (its Envoy may enforce it until its TTL: the ledger keeps that booked,
+        and ``unsure``, by default what Envoy may hold besides, see Bucket.unsure)."""
         if bucket.quota is None:
             return
         try:
-            await self._storage.release(bucket.quota, bucket.holder)
+            await self.service._storage.release(bucket.quota, bucket.holder,
+                                                bucket.unsure(last_too=False) if unsure is None else unsure)
         except Exception as exc:  # the ledger retires a holder not heard from within its lease anyway
-            self.metrics.storage_errors.inc()
-            self._storage_failed(repr(exc))
+            self.service.metrics.storage_errors.inc()
+            self.service._storage_failed(repr(exc))
+
+    async def close(self) -> None:
+        """The stream ended: its holders go back, or, of an Envoy that named itself, wait for its next stream."""
+        metrics, storage = self.service.metrics, self.service._storage
+        for bucket in self.buckets.values():
+            if bucket.quota is not None and bucket.holder.startswith("i:"):
+                try:
+                    await storage.detach(bucket.quota, bucket.holder, self.name, bucket.unsure(last_too=False))
+                except Exception as exc:  # not heard from within its lease, it is retired all the same
+                    metrics.storage_errors.inc()
+                    self.service._storage_failed(repr(exc))
+            else:
+                await self._leave(bucket)
+        metrics.buckets.dec(len(self.buckets))
+        metrics.streams.dec()
+        log.info("quota stream %s closed (%d buckets given back)", self.name, len(self.buckets))
+
+
+def _instance(context: Any) -> str:
+    """The Envoy instance the stream's metadata names (INSTANCE_HEADER), "" for none or a malformed one."""
+    for key, value in context.invocation_metadata() or ():
+        if key == INSTANCE_HEADER:
+            text = value if isinstance(value, str) else ""
+            if _INSTANCE.fullmatch(text):
+                return text
+            log.warning("ignored %s %r from %s: 1 to 128 letters, digits and ._:@/- expected", INSTANCE_HEADER,
+                        text[:200], context.peer())
+    return ""
+
+
+def _abandoned(bucket_id: rlqs_pb2.BucketId) -> Response.BucketAction:
+    action = Response.BucketAction(bucket_id=bucket_id)
+    action.abandon_action.SetInParent()
+    return action
+
+
+def _assignment(bucket_id: rlqs_pb2.BucketId, assignment: Assignment) -> Response.BucketAction:
+    action = Response.BucketAction(bucket_id=bucket_id)
+    _fill(action, assignment)
+    return action
 
 
 def _fill(action: Response.BucketAction, assignment: Assignment) -> None:

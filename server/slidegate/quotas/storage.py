@@ -3,6 +3,7 @@ this process's memory (slidegate.quotas.ledger itself). Both keep the same books
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from redis.exceptions import NoScriptError
 
 from slidegate.backends.redis_connect import Topology, make_client
 from slidegate.quotas import ledger
-from slidegate.quotas.ledger import Assignment
+from slidegate.quotas.ledger import Assignment, HolderTaken
 from slidegate.resources import resource_dir
 
 
@@ -28,14 +29,19 @@ class Quota:
 
 
 class QuotaStorage(Protocol):
-    async def report(self, quota: Quota, holder: str, allowed: int, denied: int, elapsed_ms: int,
+    async def report(self, quota: Quota, holder: str, allowed: int, denied: int, elapsed_ms: int, owner: str,
                      now_ms: int | None = None) -> Assignment:
-        """Book ``holder``'s report; return its bucket from now on (slidegate.quotas.ledger.report).
-        ``now_ms`` overrides the storage's clock (tests). Raises on a storage failure."""
+        """Book ``holder``'s report from the stream ``owner``; return its bucket from now on
+        (slidegate.quotas.ledger.report). ``now_ms`` overrides the storage's clock (tests). Raises HolderTaken
+        when another stream reports it, anything else on a storage failure."""
         ...
 
-    async def release(self, quota: Quota, holder: str, now_ms: int | None = None) -> None:
+    async def release(self, quota: Quota, holder: str, unsure: int = 0, now_ms: int | None = None) -> None:
         """``holder`` went away (slidegate.quotas.ledger.release)."""
+        ...
+
+    async def detach(self, quota: Quota, holder: str, owner: str, unsure: int = 0) -> None:
+        """``owner``'s stream of ``holder`` ended; another may take it up (slidegate.quotas.ledger.detach)."""
         ...
 
     async def booked(self, quota: Quota, now_ms: int | None = None) -> int:
@@ -51,10 +57,11 @@ class QuotaStorage(Protocol):
 
 
 class MemoryQuotas:
-    """Ledgers in this process's memory (BACKEND_TYPE=memory: one replica). A ledger nobody reported to for its
-    lifetime (as lua/quota.lua's key expiry) is dropped."""
+    """Ledgers in this process's memory (BACKEND_TYPE=memory: one replica), on the monotonic clock (a wall clock
+    stepping forward would end bookings early). A ledger nobody reported to for its lifetime (as
+    lua/quota.lua's key expiry) is dropped."""
 
-    def __init__(self, clock: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
+    def __init__(self, clock: Callable[[], int] = lambda: time.monotonic_ns() // 1_000_000) -> None:
         self._clock = clock
         self._ledgers: dict[str, tuple[dict[str, str], int]] = {}
         self._calls = 0
@@ -70,20 +77,26 @@ class MemoryQuotas:
     def _keep(self, quota: Quota, state: dict[str, str], now: int) -> None:
         self._ledgers[quota.key] = (state, now + ledger.LEASE_MS + ledger.TTL_MS + ledger.SLACK_MS + quota.window_ms)
 
-    async def report(self, quota: Quota, holder: str, allowed: int, denied: int, elapsed_ms: int,
+    async def report(self, quota: Quota, holder: str, allowed: int, denied: int, elapsed_ms: int, owner: str,
                      now_ms: int | None = None) -> Assignment:
         now = self._clock() if now_ms is None else now_ms
         state = self._state(quota, now)
-        assignment = ledger.report(state, quota.limit, quota.window_ms, holder, allowed, denied, elapsed_ms, now)
+        assignment = ledger.report(state, quota.limit, quota.window_ms, holder, allowed, denied, elapsed_ms, now,
+                                   owner)
         self._keep(quota, state, now)
         return assignment
 
-    async def release(self, quota: Quota, holder: str, now_ms: int | None = None) -> None:
+    async def release(self, quota: Quota, holder: str, unsure: int = 0, now_ms: int | None = None) -> None:
         now = self._clock() if now_ms is None else now_ms
         state = self._state(quota, now)
-        if "h:" + holder in state:
-            ledger.release(state, quota.window_ms, holder, now)
-            self._keep(quota, state, now)
+        ledger.release(state, quota.window_ms, holder, now, unsure)
+        self._keep(quota, state, now)
+
+    async def detach(self, quota: Quota, holder: str, owner: str, unsure: int = 0) -> None:
+        now = self._clock()
+        state = self._state(quota, now)
+        ledger.detach(state, quota.window_ms, holder, owner, now, unsure)
+        self._keep(quota, state, now)
 
     async def booked(self, quota: Quota, now_ms: int | None = None) -> int:
         now = self._clock() if now_ms is None else now_ms
@@ -104,34 +117,46 @@ class RedisQuotas:
     """Ledgers in Redis, one hash per quota, changed by lua/quota.lua (Redis TIME: one clock for every
     replica). A report is rare (one per bucket every 5 s), so redis-py carries it."""
 
-    def __init__(self, topology: Topology, *, timeout: float) -> None:
-        self._client: aioredis.Redis | RedisCluster = make_client(topology, timeout=timeout, pool_size=8)
+    def __init__(self, topology: Topology, *, timeout: float, pool_size: int = 8) -> None:
+        self._client: aioredis.Redis | RedisCluster = make_client(topology, timeout=timeout, pool_size=pool_size)
+        # redis-py's pools fail when full: calls beyond the pool wait here
+        self._permits = asyncio.Semaphore(pool_size)
+        self._timeout = timeout
         self._script = (resource_dir("lua") / "quota.lua").read_text(encoding="utf-8")
         self._sha = ""
 
     async def warm(self) -> None:
         # the first answer of a new bucket is awaited by every request Envoy lets through meanwhile
         if not self._sha:
-            self._sha = await self._client.script_load(self._script)
+            async with self._permits, asyncio.timeout(self._timeout):
+                self._sha = await self._client.script_load(self._script)
 
     async def _call(self, quota: Quota, *args: str | int) -> Any:
-        client: Any = self._client
-        if self._sha:
-            try:
-                return await client.evalsha(self._sha, 1, quota.key, *args)
-            except NoScriptError:
-                pass  # Redis restarted or flushed its scripts: load it again
-        self._sha = await client.script_load(self._script)
-        return await client.evalsha(self._sha, 1, quota.key, *args)
+        # a Redis that stops answering (paused, a network black hole) must not hold a stream's answers forever
+        async with self._permits, asyncio.timeout(self._timeout):
+            client: Any = self._client
+            if self._sha:
+                try:
+                    return await client.evalsha(self._sha, 1, quota.key, *args)
+                except NoScriptError:
+                    pass  # Redis restarted or flushed its scripts: load it again
+            self._sha = await client.script_load(self._script)
+            return await client.evalsha(self._sha, 1, quota.key, *args)
 
-    async def report(self, quota: Quota, holder: str, allowed: int, denied: int, elapsed_ms: int,
+    async def report(self, quota: Quota, holder: str, allowed: int, denied: int, elapsed_ms: int, owner: str,
                      now_ms: int | None = None) -> Assignment:
         reply = await self._call(quota, "report", "" if now_ms is None else now_ms, quota.limit, quota.window_ms,
-                                 holder, allowed, denied, elapsed_ms)
+                                 holder, allowed, denied, elapsed_ms, owner)
+        if int(reply[0]) < 0:
+            raise HolderTaken(holder)
         return Assignment(int(reply[0]), int(reply[1]), int(reply[2]))
 
-    async def release(self, quota: Quota, holder: str, now_ms: int | None = None) -> None:
-        await self._call(quota, "release", "" if now_ms is None else now_ms, quota.limit, quota.window_ms, holder)
+    async def release(self, quota: Quota, holder: str, unsure: int = 0, now_ms: int | None = None) -> None:
+        await self._call(quota, "release", "" if now_ms is None else now_ms, quota.limit, quota.window_ms, holder,
+                         unsure)
+
+    async def detach(self, quota: Quota, holder: str, owner: str, unsure: int = 0) -> None:
+        await self._call(quota, "detach", "", quota.limit, quota.window_ms, holder, owner, unsure)
 
     async def booked(self, quota: Quota, now_ms: int | None = None) -> int:
         return int(await self._call(quota, "booked", "" if now_ms is None else now_ms, quota.limit,
