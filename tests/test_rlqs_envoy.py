@@ -102,12 +102,12 @@ class Stack:
         self.logs.append((name, handle))
         return handle
 
-    def slidegate(self) -> int:
+    def slidegate(self, backend: str = "redis") -> int:
         """Another `slidegate serve` on the same Redis and key prefix (a replica); its gRPC port."""
         port = stack.free_port()
-        log = self._log(f"slidegate :{port}")
+        log = self._log(f"slidegate :{port} ({backend})")
         process = stack.start_slidegate(self.work, port, redis_url=self.redis_url, key_prefix=self.prefix,
-                                        log_file=log)
+                                        backend=backend, log_file=log)
         self.slidegates.append((port, process))
         return port
 
@@ -187,6 +187,12 @@ def test_one_envoy_admits_the_quota_per_user(module_stack: Stack) -> None:
         time.sleep(0.25)
     assert got[alice] <= LIMIT + 1 and got[bob] <= LIMIT + 1, (got, module_stack.output())
     # (the rest of the minute is not waited for here)
+
+
+def test_one_envoy_on_the_memory_backend(redis_url: str, tmp_path: Path) -> None:
+    with running(redis_url, tmp_path) as own:
+        envoy, who = own.envoy(own.slidegate(backend="memory")), user()
+        assert first_requests([envoy], who) + envoy.admitted(who, 12) in (LIMIT, LIMIT + 1), own.output()
 
 
 def test_a_user_with_no_quota_is_denied_after_the_first_request(module_stack: Stack) -> None:
