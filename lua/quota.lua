@@ -16,6 +16,7 @@ local REPORT_INTERVAL_MS = 5000
 local TTL_MS = 3 * REPORT_INTERVAL_MS
 local SLACK_MS = 2000
 local LEASE_MS = 3 * REPORT_INTERVAL_MS
+local SETTLE_MS = 60000
 local MAX_REPORTS = 16
 local MAX_RETIRED = 32
 local MAX_COUNT = 4294967296  -- 2^32
@@ -358,7 +359,7 @@ if same(candidate, current) then
 end
 local margin = math.max(1, math.floor(h.share / 10))
 local replace
-if h.share > 0 and target <= h.share - margin then
+if h.share > 0 and target <= h.share - margin and now - h.since >= math.min(window, SETTLE_MS) then
   replace = true
 else
   local gain = (candidate[1] + candidate[2]) * 1000 - (h.level + h.t * 1000)

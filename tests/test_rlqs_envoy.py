@@ -11,7 +11,7 @@ any window of the limit's length, all Envoys together admit at most the limit pl
 
 The Envoys and slidegates are started once for the module (each test its own users); only the test of a killed
 Envoy starts its own, and it is the slow one (about 35 s: a dead stream's share is released after the
-assignment's TTL 15 s + the window, 10 s there, + 5 s).
+assignment's TTL 15 s, the ledger's slack 2 s and the window, 10 s there).
 """
 
 from __future__ import annotations
@@ -31,13 +31,14 @@ import pytest
 import redis
 
 from slidegate import stack, upstream
+from slidegate.quotas.ledger import SLACK_MS, TTL_MS
 
 DOMAIN = "rlqs_e2e"
 LIMIT = 5  # per minute, every user without a rule of their own
 SHORT = 4  # per 10 s, users "ten-*"
 SHORT_WINDOW = 10.0
 REPORT_EVERY = 5.0  # Envoy 1.40's reporting period, whatever reporting_interval says
-TTL = 15.0  # slidegate's assignment_time_to_live
+TTL = TTL_MS / 1000  # slidegate's assignment_time_to_live
 SETTLE = 0.5  # time for a first report's answer to reach Envoy
 CONFIG = f"""
 domain: {DOMAIN}
@@ -250,9 +251,9 @@ def test_a_killed_envoys_share_is_released(redis_url: str, tmp_path: Path) -> No
         assert first_requests([survivor], other) + survivor.admitted(other, 8) in (LIMIT, LIMIT + 1), own.output()
         assert own.slidegates[0][1].poll() is None
         # the dead stream's share stays booked while its Envoy may still be enforcing it (until the TTL) and a
-        # window longer; it is released after TTL + window + 5 s, and the survivor's next report (within 5 s)
+        # window longer; it is released after TTL + slack + window, and the survivor's next report (within 5 s)
         # gets it: then the survivor alone admits the quota's burst at once, never more than SHORT in a window
-        release = TTL + SHORT_WINDOW + 5
+        release = TTL + SLACK_MS / 1000 + SHORT_WINDOW
         admitted: list[float] = []
         while time.monotonic() - killed < release + REPORT_EVERY + 2:
             if survivor.get(who) == 200:

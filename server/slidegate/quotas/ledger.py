@@ -26,12 +26,12 @@ because the ledger never books more than the limit:
 
 Which holder gets how much: in proportion to its demand (requests allowed and denied per second in its last
 report, or half its demand before if that is more), each holder weighing at least a tenth of the mean, so an
-idle Envoy holds little and a busy one is not starved. A holder asked to shrink gets a smaller bucket; one
-that used up its bucket gets a fresh one when the limit has room again (the reports show its old admissions
-leaving the window). Envoy keeps its bucket, tokens and all, when an assignment's max_tokens and
-tokens_per_fill are unchanged, so a new bucket always differs in one of them. A report also bounds what a
-bucket holds: what it was sent plus its refill, less what it let through, and below one token plus the refill
-since when it denied a request.
+idle Envoy holds little and a busy one is not starved. A holder asked to shrink gets a smaller bucket (once it
+has held its bucket for a window, or SETTLE_MS if shorter); one that used up its bucket gets a fresh one when
+the limit has room again (the reports show its old admissions leaving the window). Envoy keeps its bucket,
+tokens and all, when an assignment's max_tokens and tokens_per_fill are unchanged, so a new bucket always
+differs in one of them. A report also bounds what a bucket holds: what it was sent plus its refill, less what
+it let through, and below one token plus the refill since when it denied a request.
 
 The guarantee costs some of the limit: what a replaced bucket may still hold is booked until its window ends,
 and a bucket that holds a share is booked in full. In simulations (tests/test_quota_ledger.py) a busy Envoy
@@ -56,6 +56,8 @@ TTL_MS = 3 * REPORT_INTERVAL_MS
 SLACK_MS = 2_000
 # A holder not heard from for this long is gone (its slidegate replica stopped): its share is retired.
 LEASE_MS = 3 * REPORT_INTERVAL_MS
+# A bucket is kept this long (or its window, if shorter) before it may be shrunk for others.
+SETTLE_MS = 60_000
 # A holder keeps at most this many reports (older ones merged), a ledger at most this many retired bookings.
 MAX_REPORTS = 16
 MAX_RETIRED = 32
@@ -341,8 +343,10 @@ def report(state: dict[str, str], limit: int, window_ms: int, holder: str, allow
             share -= 1
             candidate = bucket_for(share, limit, window_ms)
     margin = max(1, h.share // 10)
-    if h.share > 0 and target <= h.share - margin:
-        replace = True  # asked to shrink: others need the room
+    if h.share > 0 and target <= h.share - margin and now - h.since >= min(window_ms, SETTLE_MS):
+        # asked to shrink: others need the room. Not a bucket just sent: what it may still let through stays
+        # booked for a window, so shrinking it at once would only leave everyone without
+        replace = True
     else:
         # a larger or fresher bucket than what this one may still give in the coming window
         gain = (candidate.max_tokens + candidate.tokens_per_fill) * 1000 - (h.level + h.t * 1000)
