@@ -26,6 +26,8 @@ SCENARIOS: list[tuple[str, int, int, list[float]]] = [
     ("3 Envoys, 1000 a minute, each asked 15/s", 1000, 60, [15.0, 15.0, 15.0]),
     ("2 Envoys, 100 a minute, one busy (5/s), one idle (0.1/s)", 100, 60, [5.0, 0.1]),
     ("1 Envoy, 1000 an hour, asked 1/s", 1000, 3600, [1.0]),
+    ("2 Envoys, 5 a minute, each asked 1/s", 5, 60, [1.0, 1.0]),
+    ("10 Envoys, 100 a second, each asked 20/s", 100, 1, [20.0] * 10),
 ]
 
 

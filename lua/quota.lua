@@ -295,7 +295,8 @@ tidy(holder, now, window)
 local h
 if state[name] then h = decode_holder(state[name]) end
 if h and h.owner ~= '' and h.owner ~= owner and now - h.seen < LEASE_MS then return {-1, 0, 0} end
-if h and now - h.seen >= TTL_MS - SLACK_MS then
+local restarted = h and h.owner ~= owner and elapsed == 0
+if h and (now - h.seen >= TTL_MS - SLACK_MS or restarted) then
   drop(name)
   if h.share > 0 then retire(gone(h, h.seen + TTL_MS, window), window) end
   h = nil

@@ -47,7 +47,7 @@ def test_a_lone_envoy_gets_the_whole_limit_as_a_burst() -> None:
     state: dict[str, str] = {}
     first = ledger.report(state, 5, 60_000, "a", 1, 0, 0, T0)
     assert first == Assignment(4, 1, 60_000)  # 4 at once (besides the request before it), 1 more a minute
-    assert ledger.booked(state, 5, 60_000, T0) == 5000
+    assert ledger.booked(state, 60_000, T0) == 5000
 
 
 def test_a_newcomer_gets_nothing_until_the_limit_has_room() -> None:
@@ -65,7 +65,7 @@ def test_a_newcomer_gets_nothing_until_the_limit_has_room() -> None:
             assert a == Assignment(4, 1, 60_000) and b.denies, now
         if shared_at is None and not a.denies and not b.denies:
             shared_at = now
-        assert ledger.booked(state, 5, 60_000, now + 1000) <= 5000
+        assert ledger.booked(state, 60_000, now + 1000) <= 5000
     assert shared_at is not None and shared_at <= T0 + 2 * 60_000 + 10_000, shared_at
 
 
@@ -98,7 +98,7 @@ def test_retired_bookings_stay_bounded() -> None:
         else:
             ledger.report(state, 1000, 3_600_000, holder, rng.randrange(50), rng.randrange(50), 5000, now)
         assert sum(name.startswith("r:") for name in state) <= ledger.MAX_RETIRED
-        assert ledger.booked(state, 1000, 3_600_000, now) <= 1000 * 1000
+        assert ledger.booked(state, 3_600_000, now) <= 1000 * 1000
 
 
 # one step of a random history: (holder, kind, allowed, denied, elapsed ms, ms to advance first, owner)
@@ -136,7 +136,7 @@ def test_the_lua_keeps_the_same_books(lua: tuple[redis.Redis, str], history: lis
                                         elapsed, owner)
                 assert (Assignment(*map(int, theirs)) if int(theirs[0]) >= 0 else None) == ours
             assert client.hgetall(key) == state
-            booked = ledger.booked(state, limit, window_ms, now)
+            booked = ledger.booked(state, window_ms, now)
             assert int(client.evalsha(sha, 1, key, "booked", now, limit, window_ms)) == booked
     finally:
         client.delete(key)

@@ -45,6 +45,10 @@ descriptors:
         value: watched
         shadow_mode: true
         rate_limit: {unit: minute, requests_per_unit: 1}
+      - key: user
+        value: watched-closed
+        shadow_mode: true
+        rate_limit: {unit: minute, requests_per_unit: 0}
 """
 
 
@@ -101,7 +105,7 @@ async def quotas(request: pytest.FixtureRequest, write_config: Callable[..., Pat
                  "cache_key_prefix": key_prefix, **settings}
         app = build(Settings.load({}, flags))
         if idle_ms is not None:
-            app.quotas._idle_ms = idle_ms
+            app.quotas.idle_ms = idle_ms
         server, _, port = await start_server(app.service, "127.0.0.1", 0, quotas=app.quotas)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
         started.append((server, app, channel))
@@ -133,11 +137,14 @@ async def test_a_quota_bucket_gets_a_token_bucket_with_a_ttl_and_whole_seconds(q
 async def test_blanket_rules(quotas: Callable[..., Awaitable[tuple[Application, Callable[[], Stream]]]]) -> None:
     _, stream = await quotas()
     s = stream()
-    buckets = [user("blocked"), user("free"), user("watched"), {"name": "other"}, {"unknown_key": "x"}]
+    buckets = [user("blocked"), user("free"), user("watched"), user("watched-closed"), {"name": "other"},
+               {"unknown_key": "x"}]
     answer = actions(await s.report(*((b, 1, 0) for b in buckets)))
     rules = {k: a.quota_assignment_action.rate_limit_strategy.blanket_rule for k, a in answer.items()}
+    # a shadow rule never rejects, not even one of requests_per_unit 0
     assert rules == {key(user("blocked")): DENY_ALL, key(user("free")): ALLOW_ALL, key(user("watched")): ALLOW_ALL,
-                     key({"name": "other"}): ALLOW_ALL, key({"unknown_key": "x"}): ALLOW_ALL}
+                     key(user("watched-closed")): ALLOW_ALL, key({"name": "other"}): ALLOW_ALL,
+                     key({"unknown_key": "x"}): ALLOW_ALL}
     for action in answer.values():
         assert action.quota_assignment_action.assignment_time_to_live.ToMilliseconds() == TTL_MS
     # an unknown domain: nothing is limited there

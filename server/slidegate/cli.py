@@ -54,7 +54,8 @@ def main() -> None:
 @main.command(epilog=_ENV_NOTE)
 @settings_options
 def serve(**flags: str | None) -> None:
-    """Serve envoy.service.ratelimit.v3.RateLimitService over gRPC (and HTTP) until SIGTERM."""
+    """Serve envoy.service.ratelimit.v3.RateLimitService (and the Rate Limit Quota Service, on the same port) over
+    gRPC, and HTTP, until SIGTERM."""
     try:
         settings = Settings.load(os.environ, flags)
     except SettingsError as exc:

@@ -203,6 +203,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
             settings.debug_host, debug_port, metrics_at, len(config.domains), config.limit_count(), origin,
         )
         log.info("storage: %s", backend.describe())
+        log.info("quotas: Envoy's Rate Limit Quota Service on the same port, the limits of the same config")
         if sink is not None:
             log.info("stats: %s, counters every %g s", sink.describe(), settings.stats_flush_interval)
         if tracing is not None:

@@ -282,9 +282,11 @@ def report(state: dict[str, str], limit: int, window_ms: int, holder: str, allow
     h = Holder.decode(state[name]) if name in state else None
     if h is not None and h.owner not in ("", owner) and now - h.seen < LEASE_MS:
         raise HolderTaken(holder)
-    if h is not None and now - h.seen >= TTL_MS - SLACK_MS:
-        # unanswered for so long that Envoy's assignment may expire before this answer reaches it, and then
-        # Envoy starts full whatever comes: the old bucket is booked as gone, and the holder starts again
+    restarted = h is not None and h.owner != owner and elapsed_ms == 0
+    if h is not None and (now - h.seen >= TTL_MS - SLACK_MS or restarted):
+        # unanswered for so long that Envoy's assignment may expire before this answer reaches it, or taken up
+        # by a new stream with a bucket Envoy has just made (an Envoy that restarted under its name): either
+        # way Envoy starts full whatever comes, so the old bucket is booked as gone and the holder starts again
         del state[name]
         if h.share > 0:
             _retire(state, _gone(h, h.seen + TTL_MS, window_ms), window_ms)
@@ -395,8 +397,10 @@ def _book_unsure(state: dict[str, str], share: int, now: int, window_ms: int) ->
         _retire(state, Retired(share, share * 1000, now + TTL_MS, []), window_ms)
 
 
-def booked(state: dict[str, str], limit: int, window_ms: int, now: int) -> int:
-    """Everything the ledger books at ``now`` (mt): never above the limit's (the guarantee; tests check it)."""
+def booked(state: dict[str, str], window_ms: int, now: int) -> int:
+    """Everything the ledger books at ``now`` (mt). Grants keep it within the limit; it may go above only by
+    what release and detach book as unsure, and by merged retired bookings (each counted whole until the later
+    end): both over-count, so new shares wait longer."""
     total = 0
     for name, text in state.items():
         if name.startswith("h:"):

@@ -7,7 +7,7 @@ an RLS request's descriptor (slidegate.limiter): no limit, ``unlimited`` or a sh
 it by the ledger in the storage (slidegate.quotas.ledger), each answered with its own token bucket. Assignments
 live TTL_MS, renewed by every answer. A bucket without requests for a while is abandoned (Envoy forgets it; a
 later request makes it again), a stream holds at most ``max_buckets`` buckets (later ones are denied), and
-a stream that ends gives its shares back.
+a stream that ends gives its shares back (or, of an Envoy that names itself, keeps them for its next stream).
 """
 
 from __future__ import annotations
@@ -73,6 +73,8 @@ class QuotaMetrics:
                                "stream's bound", ("reason",), registry=registry)
         self.storage_errors = Counter("ratelimit_quota_storage_errors", "reports the storage did not take",
                                       registry=registry)
+        for reason in ("malformed", "too_many"):  # shown from the start, at 0
+            self.refused.labels(reason)
 
 
 @dataclass(slots=True)
@@ -121,31 +123,31 @@ class QuotaService:
 
     def __init__(self, limiter: Limiter, storage: QuotaStorage, registry: CollectorRegistry, *,
                  max_buckets: int = 10_000, idle_ms: int = IDLE_MS) -> None:
-        self._limiter = limiter
-        self._storage = storage
+        self.limiter = limiter
+        self.storage = storage
         self.metrics = QuotaMetrics(registry)
-        self._max_buckets = max_buckets
-        self._idle_ms = idle_ms
+        self.max_buckets = max_buckets
+        self.idle_ms = idle_ms
         # streams are named per process, so that replicas sharing one Redis never mix their holders up
         self._process = uuid.uuid4().hex[:12]
         self._streams = itertools.count(1)
-        self._malformed = Repeated(log, "a quota report named a malformed bucket, not tracked: %s")
+        self.malformed = Repeated(log, "a quota report named a malformed bucket, not tracked: %s")
         self._labels: set[str] = set()
-        self._storage_failed = Repeated(log, "the storage did not take a quota report (the bucket's assignment "
+        self.storage_failed = Repeated(log, "the storage did not take a quota report (the bucket's assignment "
                                         "stays as it was until its TTL, and its holder starts again): %s")
-        self._taken = Repeated(log, "two streams report as the same Envoy instance (%s): the later one's buckets "
+        self.taken = Repeated(log, "two streams report as the same Envoy instance (%s): the later one's buckets "
                                "are its own, as if it had not named itself")
 
     async def close(self) -> None:
-        await self._storage.close()
+        await self.storage.close()
 
     async def warm(self) -> None:
         """Get the storage ready for a first report (called at start and by each new stream): until a new
         bucket's first answer arrives, Envoy lets its requests through."""
         try:
-            await self._storage.warm()
+            await self.storage.warm()
         except Exception as exc:  # the reports will say so again, with the reason
-            self._storage_failed(repr(exc))
+            self.storage_failed(repr(exc))
 
     def label(self, domain: str) -> str:
         """``domain`` as a metric label: Envoy names it, so past DOMAIN_LABELS of them, ``_other``."""
@@ -155,7 +157,7 @@ class QuotaService:
             self._labels.add(domain)
         return domain
 
-    def _blanket(self, bucket_id: rlqs_pb2.BucketId, rule: int, label: str) -> Response.BucketAction:
+    def blanket(self, bucket_id: rlqs_pb2.BucketId, rule: int, label: str) -> Response.BucketAction:
         action = Response.BucketAction(bucket_id=bucket_id)
         assignment = action.quota_assignment_action
         assignment.assignment_time_to_live.FromMilliseconds(TTL_MS)
@@ -173,10 +175,10 @@ class QuotaService:
         """One Envoy's stream: an answer to every report, in parts for a large one, until Envoy goes."""
         stream = _Stream(self, f"{self._process}-{next(self._streams)}", _instance(context), context.peer())
         self.metrics.streams.inc()
-        log.info("quota stream %s opened by %s%s", stream.name, stream.peer,
-                 f" (instance {stream.instance})" if stream.instance else "")
-        await self.warm()
         try:
+            log.info("quota stream %s opened by %s%s", stream.name, stream.peer,
+                     f" (instance {stream.instance})" if stream.instance else "")
+            await self.warm()
             async for message in reports:
                 async for response in stream.answer(message):
                     yield response
@@ -218,7 +220,7 @@ class _Stream:
             entries = _entries(usage.bucket_id)
             if isinstance(entries, str):
                 metrics.refused.labels("malformed").inc()
-                service._malformed(entries)
+                service.malformed(entries)
                 continue
             allowed, denied = usage.num_requests_allowed, usage.num_requests_denied
             metrics.reported.labels(label, "allowed").inc(allowed)
@@ -230,7 +232,7 @@ class _Stream:
                 continue
             bucket = self.buckets.get(key)
             if bucket is None:
-                if len(self.buckets) >= service._max_buckets:
+                if len(self.buckets) >= service.max_buckets:
                     actions.append(self._untracked(usage.bucket_id, label, idle=not allowed and not denied))
                     continue
                 bucket = Bucket(usage.bucket_id, entries, None, None, ALLOW_ALL, self._holder(domain, entries), 0.0)
@@ -239,7 +241,7 @@ class _Stream:
             now = time.monotonic() * 1000
             if allowed or denied or not bucket.active:
                 bucket.active = now
-            elif now - bucket.active >= max(service._idle_ms, bucket.quota.window_ms if bucket.quota else 0):
+            elif now - bucket.active >= max(service.idle_ms, bucket.quota.window_ms if bucket.quota else 0):
                 actions.append(await self._abandon(key, label))
                 continue
             try:
@@ -251,7 +253,7 @@ class _Stream:
                 # new one's max_tokens and tokens_per_fill the same, so it forgets it, and starts afresh
                 actions.append(await self._abandon(key, label))
             elif bucket.quota is None:
-                actions.append(service._blanket(usage.bucket_id, bucket.rule, label))
+                actions.append(service.blanket(usage.bucket_id, bucket.rule, label))
             else:
                 pending[key] = [allowed, denied, usage.time_elapsed.seconds * 1000]
         if actions:
@@ -264,7 +266,8 @@ class _Stream:
             for bucket, assignment in zip(chunk, booked, strict=True):
                 if assignment is not None:
                     answered.append(_assignment(bucket.bucket_id, assignment))
-                    metrics.assignments.labels(label, "deny_all" if assignment.denies else "token_bucket").inc()
+                    # no_share: no room for this Envoy now (deny_all is a rule's requests_per_unit: 0)
+                    metrics.assignments.labels(label, "no_share" if assignment.denies else "token_bucket").inc()
                     assert bucket.quota is not None
                     bucket.record(share_of(assignment, bucket.quota.window_ms))
             if answered:
@@ -273,19 +276,19 @@ class _Stream:
     async def _book(self, bucket: Bucket, allowed: int, denied: int, elapsed_ms: int) -> Assignment | None:
         """``bucket``'s report, booked: its assignment, or None when the storage failed."""
         assert bucket.quota is not None
-        storage = self.service._storage
+        storage = self.service.storage
         try:
             try:
                 return await storage.report(bucket.quota, bucket.holder, allowed, denied, elapsed_ms, self.name)
             except HolderTaken:  # another stream reports as this Envoy instance: this one's bucket is its own
-                self.service._taken(self.instance)
+                self.service.taken(self.instance)
                 bucket.holder = f"{self.name}/{next(self._numbers)}"
                 return await storage.report(bucket.quota, bucket.holder, allowed, denied, elapsed_ms, self.name)
         except Exception as exc:
             # the script may have run and changed the bucket without Envoy hearing of it: the holder is given
             # back (booked for what its bucket may still let through) and the bucket starts again under a new one
             self.service.metrics.storage_errors.inc()
-            self.service._storage_failed(repr(exc))
+            self.service.storage_failed(repr(exc))
             await self._leave(bucket, unsure=bucket.unsure(last_too=True))
             bucket.holder = f"{self.name}/{next(self._numbers)}"
             return None
@@ -293,17 +296,17 @@ class _Stream:
     async def _match(self, domain: str, bucket: Bucket) -> bool:
         """What ``bucket`` is under the current config (matched again after a reload; a quota it no longer has
         gets its holder back); whether a reload changed its quota to another. Raises NoConfigLoaded."""
-        plan = self.service._limiter.prepare(domain, [Descriptor(bucket.entries)])
+        plan = self.service.limiter.prepare(domain, [Descriptor(bucket.entries)])
         if plan.config is bucket.config:
             return False
         bucket.config = plan.config
         quota = None
-        rule = ALLOW_ALL  # no limit, unlimited, or a shadow rule: never rejects
-        if plan.checks:
+        rule = ALLOW_ALL  # no limit, or unlimited
+        if plan.checks and not plan.checks[0].shadow:  # a shadow rule (or SHADOW_MODE) never rejects
             check = plan.checks[0]
             if check.limit == 0:
                 rule = DENY_ALL
-            elif not check.shadow:
+            else:
                 window_ms = check.window_us // 1000
                 # a limit's ledger is its own: a reload that changes the limit or window starts a new one
                 quota = Quota(f"{check.key}:quota:{check.limit}:{window_ms}", check.limit, window_ms)
@@ -323,9 +326,9 @@ class _Stream:
         if not self._over_bound:
             self._over_bound = True
             log.warning("quota stream %s (%s) reported more than %d buckets (RLQS_MAX_BUCKETS_PER_STREAM): each "
-                        "further bucket is denied", self.name, self.peer, self.service._max_buckets)
+                        "further bucket is denied", self.name, self.peer, self.service.max_buckets)
         metrics.refused.labels("too_many").inc()
-        return self.service._blanket(bucket_id, DENY_ALL, label)
+        return self.service.blanket(bucket_id, DENY_ALL, label)
 
     async def _abandon(self, key: tuple[str, tuple[tuple[str, str], ...]], label: str) -> Response.BucketAction:
         bucket = self.buckets.pop(key)
@@ -340,27 +343,28 @@ class _Stream:
         if bucket.quota is None:
             return
         try:
-            await self.service._storage.release(bucket.quota, bucket.holder,
+            await self.service.storage.release(bucket.quota, bucket.holder,
                                                 bucket.unsure(last_too=False) if unsure is None else unsure)
         except Exception as exc:  # the ledger retires a holder not heard from within its lease anyway
             self.service.metrics.storage_errors.inc()
-            self.service._storage_failed(repr(exc))
+            self.service.storage_failed(repr(exc))
 
     async def close(self) -> None:
         """The stream ended: its holders go back, or, of an Envoy that named itself, wait for its next stream."""
-        metrics, storage = self.service.metrics, self.service._storage
+        metrics, storage = self.service.metrics, self.service.storage
         for bucket in self.buckets.values():
             if bucket.quota is not None and bucket.holder.startswith("i:"):
                 try:
                     await storage.detach(bucket.quota, bucket.holder, self.name, bucket.unsure(last_too=False))
                 except Exception as exc:  # not heard from within its lease, it is retired all the same
                     metrics.storage_errors.inc()
-                    self.service._storage_failed(repr(exc))
+                    self.service.storage_failed(repr(exc))
             else:
                 await self._leave(bucket)
         metrics.buckets.dec(len(self.buckets))
         metrics.streams.dec()
-        log.info("quota stream %s closed (%d buckets given back)", self.name, len(self.buckets))
+        log.info("quota stream %s closed (%d buckets %s)", self.name, len(self.buckets),
+                 f"kept for instance {self.instance}'s next stream" if self.instance else "given back")
 
 
 def _instance(context: Any) -> str:

@@ -100,7 +100,7 @@ class MemoryQuotas:
 
     async def booked(self, quota: Quota, now_ms: int | None = None) -> int:
         now = self._clock() if now_ms is None else now_ms
-        return ledger.booked(self._state(quota, now), quota.limit, quota.window_ms, now)
+        return ledger.booked(self._state(quota, now), quota.window_ms, now)
 
     async def warm(self) -> None:
         pass
@@ -115,7 +115,7 @@ class MemoryQuotas:
 
 class RedisQuotas:
     """Ledgers in Redis, one hash per quota, changed by lua/quota.lua (Redis TIME: one clock for every
-    replica). A report is rare (one per bucket every 5 s), so redis-py carries it."""
+    replica). A bucket reports once every 5 s, not once per request, so redis-py carries the calls."""
 
     def __init__(self, topology: Topology, *, timeout: float, pool_size: int = 8) -> None:
         self._client: aioredis.Redis | RedisCluster = make_client(topology, timeout=timeout, pool_size=pool_size)
