@@ -135,7 +135,9 @@ async def test_an_invalid_snapshot_is_nacked_and_the_config_kept(ads: AdsServer)
         assert following.domains() == {"d1"} and following.count("config_load_error") == 2
         ads.set([limit("d3", "k", 5)])  # a valid one after them is taken
         await following.until(lambda: following.domains() == {"d3"})
-        assert ads.requests()[-1].version_info == "4" and not ads.requests()[-1].HasField("error_detail")
+        # the config is swapped before the ACK goes out: wait for it
+        await following.until(lambda: ads.requests()[-1].version_info == "4")
+        assert not ads.requests()[-1].HasField("error_detail")
     finally:
         await following.close()
 
