@@ -744,8 +744,12 @@ def _pack(command: tuple[str | int, ...]) -> bytes:
     """``command`` in the Redis protocol, packed by hiredis (redis-py's asyncio packer is pure Python and
     costs more than the round trip's own system calls); text that came from request bytes which are not
     UTF-8 goes back to those bytes."""
-    args: Any = tuple(a.encode("utf-8", "surrogateescape") if isinstance(a, str) else a for a in command)
-    packed: bytes = hiredis.pack_command(args)  # its stubs declare a one-element tuple
+    args: Any = command  # its stubs declare a one-element tuple
+    try:
+        packed: bytes = hiredis.pack_command(args)
+    except UnicodeEncodeError:  # only text from bytes that were not UTF-8: the rest is packed as it is
+        args = tuple(a.encode("utf-8", "surrogateescape") if isinstance(a, str) else a for a in command)
+        packed = hiredis.pack_command(args)
     return packed
 
 
