@@ -11,7 +11,7 @@ import pytest
 import redis
 import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import InvalidResponse, NoScriptError, ResponseError
 
 from slidegate.backends.base import Check
 from slidegate.backends.redis import RedisBackend, _pack
@@ -110,3 +110,15 @@ async def test_the_backend_reconnects_after_redis_closed_its_connections(key_pre
     finally:
         await backend.close()
         server.cleanup()
+
+
+async def test_bytes_that_are_not_the_redis_protocol_fail_the_calls_waiting(redis_url: str) -> None:
+    wire = await _wire(redis_url)
+    try:
+        waiting = wire.call(_pack(("BLPOP", "nothing-here", 1)))
+        wire.data_received(b"?what\r\n")
+        with pytest.raises(InvalidResponse):
+            await waiting
+        assert wire.closed
+    finally:
+        await wire.aclose()

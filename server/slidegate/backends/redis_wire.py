@@ -63,22 +63,29 @@ class WireConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._reader.feed(data)
         waiting = self._waiting
-        while (reply := self._reader.gets()) is not False:
-            if not waiting:  # a reply no call asked for: the connection is out of step, and of no more use
-                self.close()
-                return
-            future, replies, expected = waiting[0]
-            replies.append(reply)
-            if len(replies) == expected:
-                waiting.popleft()
-                if not future.done():  # a caller cut off: its connection is closed, its replies dropped
-                    future.set_result(replies)
+        try:
+            while (reply := self._reader.gets()) is not False:
+                if not waiting:  # a reply no call asked for: the connection is out of step, and of no more use
+                    self.close()
+                    return
+                future, replies, expected = waiting[0]
+                replies.append(reply)
+                if len(replies) == expected:
+                    waiting.popleft()
+                    if not future.done():  # a caller cut off: its connection is closed, its replies dropped
+                        future.set_result(replies)
+        except InvalidResponse as exc:  # not the Redis protocol: the calls waiting fail with redis-py's error
+            self._fail(exc)
+            self.close()
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def _fail(self, error: Exception) -> None:
         while self._waiting:
             future, _, _ = self._waiting.popleft()
             if not future.done():
-                future.set_exception(RedisConnectionError(CLOSED if exc is None else f"{CLOSED} ({exc})"))
+                future.set_exception(error)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(RedisConnectionError(CLOSED if exc is None else f"{CLOSED} ({exc})"))
         if self._lost is not None and not self._lost.done():
             self._lost.set_result(None)
 
