@@ -372,6 +372,8 @@ def main() -> None:
             run("no-op handler, 1 descriptor", noop_port, noop.pid, one)
             run("no-op handler, unloaded (c1 m1)", noop_port, noop.pid, one, 1, 1, requests=n // 10)
             run("no-op handler + one bare EVALSHA per call", bare_port, bare.pid, one)
+            run("no-op handler + one bare EVALSHA, unloaded (c1 m1)", bare_port, bare.pid, one, 1, 1,
+                requests=n // 10)
             run("slidegate, 1 descriptor, log", sg_port, slidegate.pid, one)
             run("slidegate, unloaded (c1 m1)", sg_port, slidegate.pid, one, 1, 1, requests=n // 10)
             flame = profile(slidegate.pid, sg_port, one)
@@ -436,15 +438,21 @@ def main() -> None:
 def write_report(out: Path, results: dict[str, Load], through_envoy: dict[str, Load], ceiling: float,
                  core: dict[str, float], repeat: int, flame: Profile) -> None:
     noop = results["no-op handler, 1 descriptor"]
-    lines = [f"Median of {repeat} runs; h2load -c 10 -m 10 unless marked; ratios to the no-op handler of the same "
-             "run; loop µs: CPU time of the server's event-loop thread per call (of each worker's, summed, with "
-             "workers).", "", "| workload | calls/s | ratio to no-op | p50 ms | p99 ms | server CPU | loop µs | "
-             "Redis CPU | failed |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"Median of {repeat} runs; h2load -c 10 -m 10 unless marked; ratios to the no-op handler and to the bare "
+             "round trip (the no-op handler + one bare EVALSHA per call) of the same run, unloaded rows to the "
+             "unloaded ones; loop µs: CPU time of the server's event-loop thread per call (of each worker's, summed, "
+             "with workers).", "", "| workload | calls/s | ratio to no-op | ratio to bare | p50 ms | p50 to bare | "
+             "p99 ms | p99 to bare | server CPU | loop µs | loop to bare | Redis CPU | failed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, load in results.items():
         base = results["no-op handler, attack mix"] if "attack" in name else (
             results["no-op handler, unloaded (c1 m1)"] if "unloaded" in name else noop)
-        lines.append(f"| {name} | {load.calls:,.0f} | {load.calls / base.calls:.2f} | {load.p50_ms:.2f} | "
-                     f"{load.p99_ms:.2f} | {load.cpu['server']:.0%} | {load.loop_us:.0f} | {load.cpu['redis']:.0%} | "
+        reference = results["no-op handler + one bare EVALSHA, unloaded (c1 m1)" if "unloaded" in name
+                             else "no-op handler + one bare EVALSHA per call"]
+        lines.append(f"| {name} | {load.calls:,.0f} | {load.calls / base.calls:.2f} | "
+                     f"{load.calls / reference.calls:.2f} | {load.p50_ms:.2f} | {load.p50_ms / reference.p50_ms:.2f} | "
+                     f"{load.p99_ms:.2f} | {load.p99_ms / reference.p99_ms:.2f} | {load.cpu['server']:.0%} | "
+                     f"{load.loop_us:.0f} | {load.loop_us / reference.loop_us:.2f} | {load.cpu['redis']:.0%} | "
                      f"{load.failed} |")
     bare, noop_behind = list(through_envoy.values())[:2]
     lines += ["", f"Through Envoy (concurrency 1, upstream answered by Envoy itself): h2load -c 10 -m 10 over "

@@ -69,7 +69,7 @@ MUTANTS = [
     Mutant("a Redis that fails at once fails the request", "server/slidegate/backends/redis.py",
            "    if len(refused) == len(backends):", "    if refused:", ("tests/test_persecond.py",)),
     Mutant("a part that may be undone is given up once sent", "server/slidegate/backends/batching.py",
-           "        if settle and not any(waiting is future for _, waiting in self._waiting):",
+           "        if settle and not any(waiting is future for _, waiting, _ in self._waiting):",
            "        if False:", ("tests/test_batching.py", "tests/test_persecond.py")),
     Mutant("every limit of seconds goes to the per-second Redis", "server/slidegate/backends/persecond.py",
            "return check.window_us == ONE_SECOND_US", "return check.window_us < 60 * ONE_SECOND_US",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import pytest
@@ -11,7 +12,7 @@ import redis
 from slidegate.backends.base import BackendUnavailable, Check
 from slidegate.backends.batching import Batcher
 from slidegate.backends.deadlines import COMPACT_AT, GRANULARITY, Deadlines
-from slidegate.backends.redis import RedisBackend, _closed_by_redis
+from slidegate.backends.redis import RedisBackend
 from tests.redis_servers import RedisServer
 
 
@@ -285,13 +286,48 @@ def test_a_backend_used_from_one_event_loop_then_another(redis_url: str, key_pre
 
 
 async def test_a_live_idle_connection_is_seen_as_open(redis_url: str, key_prefix: str) -> None:
-    # the check reads redis-py's stream reader: were it renamed, every call would quietly reconnect
+    # were the check wrong, every call would quietly reconnect
     backend = RedisBackend(redis_url, timeout=1)
     try:
         await backend.decide([Check(f"{key_prefix}open", 100, 60_000_000, 1)])
-        assert backend._idle and not any(_closed_by_redis(c) for c in backend._idle)
+        assert backend._idle and not any(c.closed for c in backend._idle)
     finally:
         await backend.close()
+
+
+async def test_a_settled_item_that_waited_to_be_sent_is_not_given_up_once_sent() -> None:
+    # its time bounds only the wait to be sent (an item sent at once has no deadline of its own at all)
+    async def send(items: list[int]) -> list[int]:
+        await asyncio.sleep(0.02 if items == [1] else 0.1)
+        return [i * 10 for i in items]
+
+    batcher: Batcher[int, int] = Batcher(send, max_in_flight=1)
+    first = asyncio.create_task(batcher.submit(1))
+    await asyncio.sleep(0)
+    assert await batcher.submit(2, 0.05, settle=True) == 20  # sent at 20 ms, answered at 120 ms
+    assert await first == 10
+
+
+async def test_an_item_sent_at_once_still_times_out_with_its_batch() -> None:
+    # sent at once, an item's deadline is its batch's: it has none of its own, and the batch's cut-off answers it
+    release = asyncio.Event()
+
+    async def send(items: list[int]) -> list[int]:
+        await release.wait()
+        return items
+
+    cut_off: list[bool] = []
+    batcher: Batcher[int, int] = Batcher(send, batch_timeout=0.03, on_cut_off=lambda: cut_off.append(True))
+    with pytest.raises(TimeoutError):
+        await batcher.submit(1, 0.03, grace=True)
+    assert cut_off == [True]
+    # a caller in a hurry keeps its own, sooner deadline
+    hurried: Batcher[int, int] = Batcher(send, batch_timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await hurried.submit(2, 0.01)
+    assert time.monotonic() - started < 0.25
+    release.set()
 
 
 async def test_a_batch_carries_at_most_its_weight_and_a_heavy_item_goes_alone() -> None:

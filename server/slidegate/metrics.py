@@ -12,13 +12,18 @@ receives a series per client. The reference has no such bound.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import functools
 import math
 import os
 import struct
+import threading
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from slidegate.metric_keys import sanitize, shown
 from slidegate.stats import StatCounter, StatsStore
@@ -69,24 +74,83 @@ def near_threshold(limit: int, ratio: float) -> int:
     return math.floor(_float32(_float32(limit) * _float32(ratio)))
 
 
+class _Series:
+    """One Prometheus series of a Count, and what decisions added to it: a plain integer, given to the series
+    when the registry is collected (``flush``), since prometheus_client's own ``inc`` takes a lock and several
+    calls per decision. ``total`` is written by the event loop only and ``given`` by ``flush`` only (under the
+    Metrics' lock), so a scrape from another thread loses nothing."""
+
+    __slots__ = ("child", "family", "given", "labels", "total")
+
+    def __init__(self, family: Counter, labels: tuple[str, ...]) -> None:
+        self.family = family
+        self.labels = labels
+        self.child: Counter | None = None  # created on the first count, as prometheus_client does on a label lookup
+        self.total = 0
+        self.given = 0
+
+    def flush(self) -> None:
+        total = self.total
+        if total != self.given and self.child is not None:
+            self.child.inc(total - self.given)
+            self.given = total
+
+
 class Count:
     """One count for both sinks: a Prometheus series (created on its first count, as prometheus_client does
-    when labels are looked up per decision) and the stats store's counter."""
+    when labels are looked up per decision) and the stats store's counter. ``direct``: every count goes to the
+    series at once (prometheus_client's multiprocess mode, whose files other processes read)."""
 
-    __slots__ = ("_cell", "_family", "_labels", "_series")
+    __slots__ = ("_cell", "_direct", "_series")
 
-    def __init__(self, family: Counter, labels: tuple[str, ...], cell: StatCounter) -> None:
-        self._family = family
-        self._labels = labels
+    def __init__(self, series: _Series, cell: StatCounter, direct: bool) -> None:
+        self._series = series
         self._cell = cell
-        self._series: Counter | None = None
+        self._direct = direct
 
     def inc(self, amount: int = 1) -> None:
         series = self._series
-        if series is None:
-            series = self._series = self._family.labels(*self._labels) if self._labels else self._family
-        series.inc(amount)
+        if series.child is None:
+            series.child = series.family.labels(*series.labels) if series.labels else series.family
+        series.total += amount
         self._cell.add(amount)
+        if self._direct:
+            series.flush()
+
+
+class _Latencies(Histogram):
+    """A Histogram (unlabelled) whose observations are counted in plain integers per bucket and given to it when
+    the registry is collected (``flush``): prometheus_client's ``observe`` takes a lock and walks the buckets.
+    Its series are the same (tests/test_metrics_deferred.py compares them with a Histogram's)."""
+
+    def _metric_init(self) -> None:
+        super()._metric_init()
+        self._counts = [0] * len(self._upper_bounds)
+        self._total = 0.0
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        if exemplar is not None:
+            raise ValueError("exemplars are not kept")
+        # the first bucket whose bound is at least ``amount``, as Histogram.observe finds it
+        self._counts[bisect.bisect_left(self._upper_bounds, amount)] += 1
+        self._total += amount
+
+    def flush(self) -> None:
+        self._sum.set(self._total)
+        for bucket, count in zip(self._buckets, self._counts, strict=True):
+            bucket.set(count)
+
+
+class _Flush(Collector):
+    """Registered first in a Metrics' registry, so that every collection (a scrape, ``get_sample_value``) finds
+    the counts given to their series."""
+
+    def __init__(self, flush: Callable[[], None]) -> None:
+        self._flush = flush
+
+    def collect(self) -> Iterable[Metric]:
+        self._flush()
+        return ()
 
 
 class Metrics:
@@ -98,6 +162,11 @@ class Metrics:
         self.store = store if store is not None else StatsStore()
         self.near_limit_ratio = near_limit_ratio
         registry = self.registry
+        # under several workers (slidegate.workers) each count goes to prometheus_client's files at once
+        self._direct = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self._series: dict[tuple[int, tuple[str, ...]], _Series] = {}
+        self._flush_lock = threading.Lock()
+        registry.register(_Flush(self.flush))
         self._limit_families = {
             stat: Counter(f"ratelimit_service_rate_limit_{stat.stat}", _HELP[stat], ("domain", "key"),
                           registry=registry)
@@ -128,15 +197,28 @@ class Metrics:
         self.degraded = Counter("ratelimit_degraded_decisions", "requests decided by the failure mode because "
                                 "the storage could not, or not before the caller's deadline", ["mode"],
                                 registry=registry)
-        self.storage_latency = Histogram("ratelimit_storage_latency_seconds", "one storage decision",
+        latencies = Histogram if self._direct else _Latencies
+        self.storage_latency = latencies("ratelimit_storage_latency_seconds", "one storage decision",
                                          buckets=_LATENCY_BUCKETS, registry=registry)
-        self.call_latency = Histogram("ratelimit_should_rate_limit_latency_seconds", "one ShouldRateLimit call",
+        self.call_latency = latencies("ratelimit_should_rate_limit_latency_seconds", "one ShouldRateLimit call",
                                       buckets=_LATENCY_BUCKETS, registry=registry)
         self._keys: dict[tuple[str, str], set[str]] = {}
         self._unknown_domains: set[str] = set()
 
     def _count(self, family: Counter, labels: tuple[str, ...], name: str) -> Count:
-        return Count(family, labels, self.store.counter(name))
+        series = self._series.get((id(family), labels))
+        if series is None:
+            series = self._series[id(family), labels] = _Series(family, labels)
+        return Count(series, self.store.counter(name), self._direct)
+
+    def flush(self) -> None:
+        """Give every series the counts added since the last flush (a collection of the registry does)."""
+        with self._flush_lock:
+            for series in list(self._series.values()):
+                series.flush()
+            for latencies in (self.storage_latency, self.call_latency):
+                if isinstance(latencies, _Latencies):
+                    latencies.flush()
 
     def limit_key(self, domain: str, group: str, key: str) -> str:
         """``key`` (a limit's key, without the domain), or ``<group>__other`` once ``group`` (the rule's config
@@ -160,7 +242,7 @@ class Metrics:
         name = sanitize(f"{shown_domain}.{key}")
         # the key label is the name's key part: sanitizing replaces one character for one
         labels = (shown_domain, name[len(shown_domain) + 1:])
-        return Count(self._limit_families[stat], labels, self.store.counter(f"{RATE_LIMIT_SCOPE}.{name}.{stat.stat}"))
+        return self._count(self._limit_families[stat], labels, f"{RATE_LIMIT_SCOPE}.{name}.{stat.stat}")
 
     def domain_not_found(self, domain: str) -> Count:
         """``ratelimit.service.rate_limit.<domain>.domain_not_found``; past DETAILED_VALUES unknown domains,

@@ -44,7 +44,7 @@ class Batcher(Generic[Item, Result]):
         self._on_cut_off = on_cut_off
         self._in_flight = 0
         self._heavy_in_flight = False
-        self._waiting: list[tuple[Item, asyncio.Future[Result]]] = []
+        self._waiting: list[tuple[Item, asyncio.Future[Result], int]] = []  # with each item's weight
         self._tasks: set[asyncio.Task[None]] = set()
         self._deadlines = Deadlines()
 
@@ -59,31 +59,42 @@ class Batcher(Generic[Item, Result]):
         (an answer it could not undo)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
-        if timeout is not None:
-            if timeout <= 0:
-                raise TimeoutError
-            due = loop.time() + timeout
-            self._deadlines.add(loop, due, partial(self._expire, loop, future, due, grace, settle), future.done)
-        self._waiting.append((item, future))
+        if timeout is not None and timeout <= 0:
+            raise TimeoutError
+        due = loop.time()  # before the item may be sent: its time counts from here
+        self._waiting.append((item, future, self._weight(item)))
         if self._in_flight < self._max_in_flight:
             self._flush(loop)
+        if timeout is not None:
+            sent = not any(waiting is future for _, waiting, _ in self._waiting)
+            # sent at once, an item's own deadline is its batch's (settled: none) unless it comes sooner; a
+            # deadline fewer is a heap entry and a timer check fewer on every call
+            if not sent or not (settle or (grace and self._batch_timeout is not None
+                                           and timeout >= self._batch_timeout)):
+                due += timeout
+                self._deadlines.add(loop, due, partial(self._expire, loop, future, due, grace, settle), future.done)
         return await future
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        most = self._max_weight
         while self._in_flight < self._max_in_flight:
-            waiting = [(item, future) for item, future in self._waiting if not future.done()]
-            heavy = None if self._heavy_in_flight else next(
-                (n for n, (item, _) in enumerate(waiting) if self._weight(item) > self._max_weight), None)
+            waiting = [entry for entry in self._waiting if not entry[1].done()]
+            heavy = None
+            if not self._heavy_in_flight:
+                for n, entry in enumerate(waiting):
+                    if entry[2] > most:
+                        heavy = n
+                        break
             if heavy is not None:
                 batch = [waiting.pop(heavy)]
             else:
                 batch, rest, weight = [], [], 0
-                for item, future in waiting:
-                    w = self._weight(item)
-                    if w > self._max_weight or (batch and weight + w > self._max_weight):
-                        rest.append((item, future))
+                for entry in waiting:
+                    w = entry[2]
+                    if w > most or (batch and weight + w > most):
+                        rest.append(entry)
                     else:
-                        batch.append((item, future))
+                        batch.append(entry)
                         weight += w
                 waiting = rest
             self._waiting = waiting
@@ -99,13 +110,14 @@ class Batcher(Generic[Item, Result]):
                 due = loop.time() + self._batch_timeout
                 self._deadlines.add(loop, due, partial(self._cut_off, loop, task, expired, due, True), task.done)
 
-    async def _run(self, batch: list[tuple[Item, asyncio.Future[Result]]], expired: list[bool], heavy: bool) -> None:
+    async def _run(self, batch: list[tuple[Item, asyncio.Future[Result], int]], expired: list[bool],
+                   heavy: bool) -> None:
         try:
-            results = await self._send([item for item, _ in batch])
+            results = await self._send([item for item, _, _ in batch])
         except BaseException as exc:
             # cut off at batch_timeout: for its callers, a timeout like any other
             error = TimeoutError() if expired else exc
-            for _, future in batch:
+            for _, future, _ in batch:
                 if not future.done():
                     if isinstance(error, asyncio.CancelledError):
                         future.cancel()
@@ -114,7 +126,7 @@ class Batcher(Generic[Item, Result]):
             if not isinstance(error, Exception):
                 raise
         else:
-            for (_, future), result in zip(batch, results, strict=True):
+            for (_, future, _), result in zip(batch, results, strict=True):
                 if future.done():
                     continue
                 if isinstance(result, Exception):
@@ -146,7 +158,7 @@ class Batcher(Generic[Item, Result]):
                 grace: bool, settle: bool) -> None:
         if future.done():
             return
-        if settle and not any(waiting is future for _, waiting in self._waiting):
+        if settle and not any(waiting is future for _, waiting, _ in self._waiting):
             return  # sent: its batch settles it (a scan, but only of an item whose time ran out)
         now = loop.time()
         if grace and now - due > LATE_TIMER:

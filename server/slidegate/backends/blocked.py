@@ -76,7 +76,7 @@ class OverLimitCache:
         """The backend's decision, or a local rejection when every check is known to be over."""
         now = self._now(now_us)
         # a limit named twice in one request is decided on the sum of its hits: leave that to the storage
-        simple = len({c.key for c in checks}) == len(checks)
+        simple = len(checks) < 2 or len({c.key for c in checks}) == len(checks)
         if simple and checks and self._blocked:
             outcomes = []
             for c in checks:

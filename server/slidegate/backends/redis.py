@@ -66,6 +66,7 @@ from slidegate.backends.deadlines import LoopWatch
 from slidegate.backends.redis_cluster import RETRY_FOR, ClusterRouter
 from slidegate.backends.redis_connect import TlsOptions, Topology, check_url, make_client, redact
 from slidegate.backends.redis_sentinel import SentinelMaster
+from slidegate.backends.redis_wire import WireConnection
 from slidegate.logs import Repeated
 from slidegate.resources import lua_script
 
@@ -162,7 +163,7 @@ class RedisBackend:
         if self._topology.type == "sentinel" and not isinstance(self._client, RedisCluster):
             self._master = SentinelMaster(self._client)
         self._role_refused = False  # an ACL without ROLE: the Sentinel master's health ping is a PING
-        self._idle: list[AbstractConnection] = []
+        self._idle: list[WireConnection] = []
         self._idle_loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         # a cluster's requests span slots: only one Redis (or Sentinel's master) takes batches of requests
@@ -399,21 +400,21 @@ class RedisBackend:
         reply, _ = await self._direct(command, script=True)
         return reply
 
-    async def _direct(self, command: tuple[str | int, ...], *, script: bool) -> tuple[Any, AbstractConnection]:
+    async def _direct(self, command: tuple[str | int, ...], *, script: bool) -> tuple[Any, WireConnection]:
         """``command``'s reply on a connection of our own to the one Redis, or to Sentinel's master, and that
         connection (released: it tells which node answered). ``script``: a script call, followed by WAIT when
         wait_replicas is set, and counted for the breaker. Raises an error reply as its ResponseError."""
         # Batches are at most two at a time (each runs to its end, whoever waits for it), so two connections do;
-        # talking to them directly skips the pool, retry and observability layers of execute_command, a third
-        # of a call's cost.
+        # redis-py opens them (slidegate.backends.redis_wire) and the calls skip its pool, retry, observability
+        # and stream layers, two thirds of a call's cost on the event loop.
         loop = asyncio.get_running_loop()
         if self._idle and self._idle_loop is not loop:
             self._idle = []  # made on an event loop that is gone (asyncio.run after another): unusable here
         connection = self._idle.pop() if self._idle else None
         # after a Redis restart or CLIENT KILL it would fail a batch; to a master Sentinel no longer names, it
         # would write where the hits are lost
-        while connection is not None and (_closed_by_redis(connection) or not self._current(connection)):
-            await connection.disconnect(nowait=True)
+        while connection is not None and (connection.closed or not self._current(connection)):
+            connection.close()
             connection = self._idle.pop() if self._idle else None
         if connection is None:
             try:
@@ -424,26 +425,17 @@ class RedisBackend:
                     self._failed(_reason(exc))  # no connection to be had: evidence that Redis is failing
                 raise
         waits = script and bool(self._wait_replicas)
-        error: ResponseError | None = None
-        acked = 0
         try:
             # bounded by the batch's timeout (the Batcher cuts a batch off by cancelling it)
-            await connection.send_packed_command(_pack(command) + self._wait if waits else _pack(command),
-                                                 check_health=False)
-            try:
-                reply = await connection.read_response()
-            except ResponseError as exc:  # an error reply (NOSCRIPT, READONLY): the connection is in step
-                error = exc
-            if waits:
-                try:
-                    acked = await connection.read_response()
-                except ResponseError as exc:  # WAIT refused (a replica, or an ACL without it)
-                    error = error or exc
+            replies = await connection.call(_pack(command) + self._wait if waits else _pack(command), 1 + waits)
         except BaseException:
             # cut off or broken mid-call (a killed connection fails its calls, but says nothing of Redis): a late
             # reply must never be read as the next call's
-            await connection.disconnect(nowait=True)
+            connection.close()
             raise
+        # an error reply (NOSCRIPT, READONLY; WAIT refused by a replica or an ACL): the connection is in step
+        reply, acked = replies[0], replies[1] if waits else 0
+        error = reply if isinstance(reply, ResponseError) else acked if isinstance(acked, ResponseError) else None
         if script:
             self._answered()  # an error reply too: Redis is there
         await self._release(connection, loop)
@@ -458,10 +450,10 @@ class RedisBackend:
                                      f"replicas within {self._wait_ms} ms (REDIS_WAIT_REPLICAS)")
         return reply, connection
 
-    async def _connect(self) -> AbstractConnection:
+    async def _connect(self) -> WireConnection:
         """A new connection, connected: to the one Redis, or to the master Sentinel names."""
         if self._master is not None:
-            return await self._master.connection()
+            return await WireConnection.take_over(await self._master.connection())
         if self._pool is None:
             raise RuntimeError("a cluster's connections are redis-py's")
         connection: AbstractConnection = self._pool.make_connection()
@@ -470,9 +462,9 @@ class RedisBackend:
         except BaseException:
             await connection.disconnect(nowait=True)
             raise
-        return connection
+        return await WireConnection.take_over(connection)
 
-    def _current(self, connection: AbstractConnection) -> bool:
+    def _current(self, connection: WireConnection) -> bool:
         return self._master is None or self._master.current(connection)
 
     def _answered(self) -> None:
@@ -484,9 +476,9 @@ class RedisBackend:
         if self._breaker is not None:
             self._breaker.failed(reason)
 
-    async def _release(self, connection: AbstractConnection, loop: asyncio.AbstractEventLoop) -> None:
+    async def _release(self, connection: WireConnection, loop: asyncio.AbstractEventLoop) -> None:
         if self._closed or not self._current(connection):
-            await connection.disconnect()
+            await connection.aclose()
         else:
             self._idle.append(connection)
             self._idle_loop = loop
@@ -569,7 +561,7 @@ class RedisBackend:
         if self._idle_loop is not asyncio.get_running_loop():
             self._idle = []  # their loop is gone, and their sockets with it
         for connection in self._idle:
-            await connection.disconnect()
+            await connection.aclose()
         self._idle.clear()
         if self._master is not None:
             await self._master.close()
@@ -748,19 +740,16 @@ def _settle(checks: Sequence[Check], first: Sequence[Check], places: list[Place]
     return admitted, outcomes, undo, decided
 
 
-def _closed_by_redis(connection: AbstractConnection) -> bool:
-    """Whether Redis closed this idle connection: its stream reader already holds the end of file or the error
-    the transport reported, so no system call is needed to know."""
-    reader: asyncio.StreamReader | None = getattr(connection, "_reader", None)
-    return reader is None or reader.at_eof() or reader.exception() is not None
-
-
 def _pack(command: tuple[str | int, ...]) -> bytes:
     """``command`` in the Redis protocol, packed by hiredis (redis-py's asyncio packer is pure Python and
     costs more than the round trip's own system calls); text that came from request bytes which are not
     UTF-8 goes back to those bytes."""
-    args: Any = tuple(a.encode("utf-8", "surrogateescape") if isinstance(a, str) else a for a in command)
-    packed: bytes = hiredis.pack_command(args)  # its stubs declare a one-element tuple
+    args: Any = command  # its stubs declare a one-element tuple
+    try:
+        packed: bytes = hiredis.pack_command(args)
+    except UnicodeEncodeError:  # only text from bytes that were not UTF-8: the rest is packed as it is
+        args = tuple(a.encode("utf-8", "surrogateescape") if isinstance(a, str) else a for a in command)
+        packed = hiredis.pack_command(args)
     return packed
 
 

@@ -88,12 +88,12 @@ class SentinelMaster:
                 return connection
             await connection.disconnect(nowait=True)  # the master changed while connecting
 
-    def current(self, connection: AbstractConnection) -> bool:
+    def current(self, connection: object) -> bool:
         """Whether ``connection`` is to the master in use (a connection to another address is not used again)."""
         where = (getattr(connection, "host", None), getattr(connection, "port", None))
         return self.address is not None and where == self.address
 
-    def demoted(self, connection: AbstractConnection) -> None:
+    def demoted(self, connection: object) -> None:
         """``connection``'s node said it is a replica: if it is the master in use, forget it, so that the next
         connection asks the Sentinels."""
         if self.address is not None and self.current(connection):

@@ -1,0 +1,116 @@
+"""The hot path's own connections to Redis: a connection redis-py opened — URL, TLS, AUTH, SELECT, HELLO and
+Sentinel's choice of master all redis-py's — taken over by an asyncio protocol that writes each command at once
+and hands the replies, parsed by hiredis, to their callers in order.
+
+Why: redis-py's asyncio connection reads through a StreamReader and its own layers, about 100 µs of event-loop
+CPU per call more than a protocol whose replies arrive in ``data_received`` (docs/performance.md). Replies are
+mapped to redis-py's exceptions by redis-py's own parser (NOSCRIPT is a NoScriptError, READONLY a ReadOnlyError
+…), so callers see what they saw through redis-py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+import hiredis
+from redis._parsers import BaseParser
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import InvalidResponse
+
+CLOSED = "Connection closed by server."  # redis-py's words for it
+
+
+class WireConnection(asyncio.Protocol):
+    """One connection to one Redis (``host``, ``port``: where redis-py connected). ``call`` writes a packed
+    command (or several, pipelined) and returns a future of their replies; a reply that is an error is a
+    ResponseError in that list, not raised, so that the replies after it are still read. A connection that is
+    lost fails every call still waiting with ConnectionError (a RedisError, as redis-py's)."""
+
+    def __init__(self, host: object, port: object) -> None:
+        self.host = host
+        self.port = port
+        self._reader = hiredis.Reader(protocolError=InvalidResponse, replyError=BaseParser.parse_error)
+        self._waiting: deque[tuple[asyncio.Future[list[Any]], list[Any], int]] = deque()
+        self._transport: Any = None  # uvloop's transports are not asyncio.Transport subclasses
+        self._lost: asyncio.Future[None] | None = None
+        self._writer: object = None
+
+    @classmethod
+    async def take_over(cls, connection: AbstractConnection) -> WireConnection:
+        """The socket of ``connection`` (connected: its handshake done, nothing unread) as a WireConnection;
+        ``connection`` is left disconnected, with nothing of its own to close."""
+        writer = getattr(connection, "_writer", None)
+        if writer is None:
+            raise RedisConnectionError("the connection to take over is not connected")
+        wire = cls(getattr(connection, "host", None), getattr(connection, "port", None))
+        # asyncio's StreamWriter closes its transport when collected: it lives as long as the connection
+        wire._writer = writer
+        transport = writer.transport
+        transport.set_protocol(wire)
+        wire.connection_made(transport)
+        # redis-py no longer owns the socket: its disconnect (or its finaliser) must not close ours
+        connection._reader = connection._writer = None
+        await connection.disconnect(nowait=True)
+        return wire
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+        self._lost = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        waiting = self._waiting
+        try:
+            while (reply := self._reader.gets()) is not False:
+                if not waiting:  # a reply no call asked for: the connection is out of step, and of no more use
+                    self.close()
+                    return
+                future, replies, expected = waiting[0]
+                replies.append(reply)
+                if len(replies) == expected:
+                    waiting.popleft()
+                    if not future.done():  # a caller cut off: its connection is closed, its replies dropped
+                        future.set_result(replies)
+        except InvalidResponse as exc:  # not the Redis protocol: the calls waiting fail with redis-py's error
+            self._fail(exc)
+            self.close()
+
+    def _fail(self, error: Exception) -> None:
+        while self._waiting:
+            future, _, _ = self._waiting.popleft()
+            if not future.done():
+                future.set_exception(error)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(RedisConnectionError(CLOSED if exc is None else f"{CLOSED} ({exc})"))
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(None)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection is closed or closing (by Redis, or by us): it takes no more calls."""
+        return self._transport is None or self._transport.is_closing()
+
+    def call(self, packed: bytes, replies: int = 1) -> asyncio.Future[list[Any]]:
+        """Write ``packed`` (``replies`` commands); the future's result is their replies, in order."""
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        if self.closed:
+            future.set_exception(RedisConnectionError(CLOSED))
+            return future
+        self._waiting.append((future, [], replies))
+        self._transport.write(packed)
+        return future
+
+    def close(self) -> None:
+        """Close at once: calls still waiting fail (a late reply must never be read as another call's)."""
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+
+    async def aclose(self) -> None:
+        """Close, and wait until the socket is."""
+        self.close()
+        if self._lost is not None:
+            await asyncio.shield(self._lost)
