@@ -5,13 +5,14 @@ numbers; and the gRPC service under bad input and faults (garbage, floods, Redis
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import random
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -553,20 +554,34 @@ def user_bucket() -> tuple[dict[str, str], int, int]:
     return (user("writer"), 1, 0)
 
 
+@contextlib.asynccontextmanager
+async def quotas_on(server: RedisServer, config_dir: Path, key_prefix: str,
+                    **settings: str) -> AsyncIterator[tuple[Application, Stream]]:
+    """A quota service on a private Redis ``server``, and one stream to it."""
+    flags = {"config_dir": str(config_dir), "backend_type": "redis", "redis_url": server.url,
+             "cache_key_prefix": key_prefix, **settings}
+    app = build(Settings.load({}, flags))
+    grpc_server, _, port = await start_server(app.service, "127.0.0.1", 0, quotas=app.quotas)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    call = channel.stream_stream(METHOD, request_serializer=Reports.SerializeToString,
+                                 response_deserializer=Response.FromString)
+    s = Stream(call())  # type: ignore[call-arg]
+    try:
+        yield app, s
+    finally:
+        s.call.cancel()
+        await channel.close(None)
+        await grpc_server.stop(0)
+        await app.backend.close()
+        await app.quotas.close()
+
+
 async def test_redis_stopping_mid_stream(write_config: Callable[..., Path], key_prefix: str) -> None:
     """Redis goes away mid-stream: blanket buckets are still answered, quota buckets left unanswered (Envoy
     keeps its assignment until the TTL), no exception escapes, and the stream answers again once Redis is back."""
     server = RedisServer().start()
     try:
-        flags = {"config_dir": str(write_config(CONFIG)), "backend_type": "redis", "redis_url": server.url,
-                 "cache_key_prefix": key_prefix}
-        app = build(Settings.load({}, flags))
-        grpc_server, _, port = await start_server(app.service, "127.0.0.1", 0, quotas=app.quotas)
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        call = channel.stream_stream(METHOD, request_serializer=Reports.SerializeToString,
-                                     response_deserializer=Response.FromString)
-        s = Stream(call())  # type: ignore[call-arg]
-        try:
+        async with quotas_on(server, write_config(CONFIG), key_prefix) as (app, s):
             assert key(user("mo")) in actions(await s.report((user("mo"), 1, 0), ({"name": "other"}, 1, 0)))
             server.stop()
             down = actions(await asyncio.wait_for(s.report((user("mo"), 1, 0), ({"name": "other"}, 1, 0),
@@ -576,33 +591,18 @@ async def test_redis_stopping_mid_stream(write_config: Callable[..., Path], key_
             server.start()
             again = actions(await asyncio.wait_for(s.report((user("mo"), 1, 0), ({"name": "other"}, 1, 0)), 10))
             assert key(user("mo")) in again
-        finally:
-            s.call.cancel()
-            await channel.close(None)
-            await grpc_server.stop(0)
-            await app.backend.close()
-            await app.quotas.close()
     finally:
         server.cleanup()
 
 
 async def test_redis_hanging_mid_stream_does_not_hang_the_stream(write_config: Callable[..., Path],
                                                                  key_prefix: str) -> None:
-    """A Redis that stops answering (paused, or a network black hole) rather than refusing: RedisQuotas gives
-    single-Redis calls no read timeout (make_client leaves it to the caller, and RedisQuotas sets none), so the
-    stream waits forever and even its blanket buckets go unanswered."""
+    """A Redis that stops answering (paused, or a network black hole) rather than refusing: the storage's call
+    times out, the quota bucket goes unanswered, the blanket one is answered."""
     server = RedisServer().start()
     try:
-        flags = {"config_dir": str(write_config(CONFIG)), "backend_type": "redis", "redis_url": server.url,
-                 "cache_key_prefix": key_prefix, "redis_timeout": "0.2"}
-        app = build(Settings.load({}, flags))
-        grpc_server, _, port = await start_server(app.service, "127.0.0.1", 0, quotas=app.quotas)
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        call = channel.stream_stream(METHOD, request_serializer=Reports.SerializeToString,
-                                     response_deserializer=Response.FromString)
-        s = Stream(call())  # type: ignore[call-arg]
-        assert server.process is not None
-        try:
+        async with quotas_on(server, write_config(CONFIG), key_prefix, redis_timeout="0.2") as (_, s):
+            assert server.process is not None
             assert key(user("ned")) in actions(await s.report((user("ned"), 1, 0)))
             os.kill(server.process.pid, signal.SIGSTOP)
             try:
@@ -611,12 +611,6 @@ async def test_redis_hanging_mid_stream_does_not_hang_the_stream(write_config: C
                 assert key({"name": "other"}) in down
             finally:
                 os.kill(server.process.pid, signal.SIGCONT)
-        finally:
-            s.call.cancel()
-            await channel.close(None)
-            await grpc_server.stop(0)
-            await app.backend.close()
-            await app.quotas.close()
     finally:
         server.cleanup()
 
@@ -626,7 +620,7 @@ async def test_no_config_loaded_leaves_buckets_unanswered(quotas: Opener) -> Non
     loaded = app.holder.current
     app.holder.current = dataclasses.replace(loaded, loaded=False)
     s = stream()
-    await s.report((user("oz"), 1, 0), ({"name": "other"}, 1, 0), answered=False)  # no answer: no config yet
+    await s.report((user("oz"), 1, 0), ({"name": "other"}, 1, 0), answered=0)  # no answer: no config yet
     await asyncio.sleep(0.2)
     app.holder.current = loaded
     # the next answer read is the next report's: the bucket first seen without a config is matched now
