@@ -215,6 +215,7 @@ class _Stream:
         domain = message.domain
         label = service.label(domain)
         actions: list[Response.BucketAction] = []
+        leaving: list[Bucket] = []
         pending: dict[tuple[str, tuple[tuple[str, str], ...]], list[int]] = {}  # bucket → [allowed, denied, ms]
         for usage in message.bucket_quota_usages:
             entries = _entries(usage.bucket_id)
@@ -242,7 +243,7 @@ class _Stream:
             if allowed or denied or not bucket.active:
                 bucket.active = now
             elif now - bucket.active >= max(service.idle_ms, bucket.quota.window_ms if bucket.quota else 0):
-                actions.append(await self._abandon(key, label))
+                actions.append(self._abandon(key, label, leaving))
                 continue
             try:
                 changed = await self._match(domain, bucket)
@@ -251,13 +252,16 @@ class _Stream:
             if changed:
                 # a reload changed the bucket's limit: Envoy would keep its token bucket (and its refill) were the
                 # new one's max_tokens and tokens_per_fill the same, so it forgets it, and starts afresh
-                actions.append(await self._abandon(key, label))
+                actions.append(self._abandon(key, label, leaving))
             elif bucket.quota is None:
                 actions.append(service.blanket(usage.bucket_id, bucket.rule, label))
             else:
                 pending[key] = [allowed, denied, usage.time_elapsed.seconds * 1000]
         if actions:
             yield Response(bucket_action=actions)
+        # the abandoned buckets' holders go back once Envoy has been told (a report of thousands of idle buckets
+        # must not wait for a round trip each), before the next report is read
+        await asyncio.gather(*(self._leave(bucket) for bucket in leaving))
         keys = list(pending)
         for start in range(0, len(keys), CONCURRENT_REPORTS):
             chunk = [self.buckets[k] for k in keys[start:start + CONCURRENT_REPORTS]]
@@ -330,11 +334,13 @@ class _Stream:
         metrics.refused.labels("too_many").inc()
         return self.service.blanket(bucket_id, DENY_ALL, label)
 
-    async def _abandon(self, key: tuple[str, tuple[tuple[str, str], ...]], label: str) -> Response.BucketAction:
+    def _abandon(self, key: tuple[str, tuple[tuple[str, str], ...]], label: str,
+                 leaving: list[Bucket]) -> Response.BucketAction:
+        """Forget the bucket: its holder goes in ``leaving``, to be given back."""
         bucket = self.buckets.pop(key)
         self.service.metrics.buckets.dec()
         self.service.metrics.assignments.labels(label, "abandon").inc()
-        await self._leave(bucket)
+        leaving.append(bucket)
         return _abandoned(bucket.bucket_id)
 
     async def _leave(self, bucket: Bucket, unsure: int | None = None) -> None:
