@@ -399,7 +399,10 @@ def test_cluster_with_tls_and_auth_through_the_server(write_config: Callable[...
             "REDIS_HASH_TAG": "domain"})
         stub = served.stub()
         many = request("t", descriptor(("tenant", "served")), descriptor(("user", "x")), descriptor(("k", "y")))
-        codes = [stub.ShouldRateLimit(many).overall_code for _ in range(32)]
+        try:
+            codes = [stub.ShouldRateLimit(many).overall_code for _ in range(32)]
+        except grpc.RpcError as exc:
+            raise AssertionError(served.output()) from exc
         assert codes == [OK] * 30 + [OVER_LIMIT] * 2
         assert "redis cluster via 127.0.0.1:" in served.output()
         # REDIS_HASH_TAG=domain: a rejected request counted nothing, on any of its limits

@@ -154,7 +154,6 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
         if source_task is not None:  # a port taken: the stream must not outlive the start
             await _cancel(source_task)
         raise
-    await app.quotas.warm()
     health = Health(health_servicer, needs_storage=app.needs_storage, config_loaded=(
         (lambda: bool(holder.current.domains)) if settings.healthy_with_at_least_one_config_loaded else (lambda: True)))
     await health.publish()

@@ -142,8 +142,9 @@ class QuotaService:
         await self.storage.close()
 
     async def warm(self) -> None:
-        """Get the storage ready for a first report (called at start and by each new stream): until a new
-        bucket's first answer arrives, Envoy lets its requests through."""
+        """Get the storage ready for a first report (called by each new stream, not at start, where a cluster's
+        client of its own made the rate-limit service's first calls miss their deadline): until a new bucket's
+        first answer arrives, Envoy lets its requests through."""
         try:
             await self.storage.warm()
         except Exception as exc:  # the reports will say so again, with the reason
