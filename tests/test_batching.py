@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 import redis
@@ -12,6 +13,7 @@ import redis
 from slidegate.backends.base import BackendUnavailable, Check
 from slidegate.backends.batching import Batcher
 from slidegate.backends.deadlines import COMPACT_AT, GRANULARITY, Deadlines
+from slidegate.backends.permits import Permits
 from slidegate.backends.redis import RedisBackend
 from tests.redis_servers import RedisServer
 
@@ -374,3 +376,116 @@ async def test_the_first_ping_makes_the_first_call_quick(private_redis: RedisSer
         assert admin.script_exists(backend._sha) == [True]
     assert len(backend._idle) == 2
     await backend.close()
+
+
+class Starter:
+    """A ``start`` that sends a batch without a task: a future answered ``item * 10`` once ``release`` is called,
+    or None (the batch then goes through ``send``) while ``refuse`` is set."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.futures: list[asyncio.Future[Sequence[int | Exception]]] = []
+        self.refuse = False
+
+    def start(self, items: list[int]) -> asyncio.Future[Sequence[int | Exception]] | None:
+        if self.refuse:
+            return None
+        self.batches.append(list(items))
+        future: asyncio.Future[Sequence[int | Exception]] = asyncio.get_running_loop().create_future()
+        self.futures.append(future)
+        return future
+
+    def release(self) -> None:
+        for batch, future in zip(self.batches, self.futures, strict=True):
+            if not future.done():
+                future.set_result([ValueError(i) if i < 0 else i * 10 for i in batch])
+
+
+async def test_batches_started_without_a_task_are_answered_and_batched_the_same() -> None:
+    recorder, starter = Recorder(), Starter()
+    batcher = Batcher(recorder.send, max_in_flight=2, start=starter.start)
+    calls = [asyncio.create_task(batcher.submit(i)) for i in (1, 2, -3, 4, 5)]
+    await asyncio.sleep(0.01)
+    assert starter.batches == [[1], [2]]
+    starter.release()
+    await asyncio.sleep(0.01)
+    starter.release()  # the rest went as one batch once a place was free
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert results[:2] == [10, 20] and results[3:] == [40, 50]
+    assert isinstance(results[2], ValueError)  # an item's own error is its own
+    assert starter.batches == [[1], [2], [-3, 4, 5]] and recorder.batches == []
+
+
+async def test_a_batch_start_cannot_send_goes_through_send() -> None:
+    recorder, starter = Recorder(), Starter()
+    recorder.release.set()
+    starter.refuse = True
+    batcher = Batcher(recorder.send, start=starter.start)
+    assert await batcher.submit(7) == 70
+    assert recorder.batches == [[7]] and starter.batches == []
+
+
+async def test_a_started_batch_that_fails_or_is_cut_off_fails_its_callers_and_frees_its_place() -> None:
+    starter = Starter()
+    cut_off: list[bool] = []
+    batcher = Batcher(Recorder().send, max_in_flight=1, batch_timeout=0.03, start=starter.start,
+                      on_cut_off=lambda: cut_off.append(True))
+    with pytest.raises(TimeoutError):
+        await batcher.submit(1)  # never answered: cut off at 30 ms
+    assert cut_off == [True] and starter.futures[0].cancelled()
+    failing = asyncio.create_task(batcher.submit(2))
+    await asyncio.sleep(0.01)
+    starter.futures[1].set_exception(ConnectionError("storage gone"))
+    with pytest.raises(ConnectionError):
+        await failing
+    following = asyncio.create_task(batcher.submit(3))  # the place is free again
+    await asyncio.sleep(0.01)
+    starter.release()
+    assert await following == 30
+
+
+async def test_permits_are_never_taken_past_their_number_nor_waiters_overtaken() -> None:
+    permits = Permits(1)
+    assert permits.take_now() and not permits.take_now()
+    waiter = asyncio.create_task(permits.take())
+    await asyncio.sleep(0)
+    permits.give()  # handed to the waiter, not freed
+    assert not permits.take_now()
+    await waiter
+    permits.give()
+    assert permits.take_now()
+    # a waiter that gives up after a permit was handed to it passes it on
+    first, second = asyncio.create_task(permits.take()), asyncio.create_task(permits.take())
+    await asyncio.sleep(0)
+    permits.give()
+    first.cancel()
+    await asyncio.sleep(0)
+    assert first.cancelled()
+    await asyncio.wait_for(second, 1)
+    permits.give()
+    assert permits.take_now()
+
+
+async def test_the_common_path_sends_no_task_and_a_full_pool_still_answers_every_call(
+        redis_url: str, key_prefix: str) -> None:
+    backend = RedisBackend(redis_url, pool_size=1)
+    slow_way: list[int] = []
+    decide_many = backend._batcher._send
+
+    async def counted(requests: list[Any]) -> Any:
+        slow_way.append(len(requests))
+        return await decide_many(requests)
+
+    backend._batcher._send = counted
+    try:
+        await backend.ping()  # connections made, script loaded
+        check = Check(f"{key_prefix}common", 1000, 60_000_000, 1)
+        for expected in (999, 998):
+            assert (await backend.decide([check])).outcomes[0].remaining == expected
+        assert slow_way == []  # written from the caller's batch at once, answered by a callback
+        # one permit: the second batch out must wait for it, the general way
+        decisions = await asyncio.gather(*(backend.decide([check]) for _ in range(30)))
+        assert sorted(d.outcomes[0].remaining for d in decisions) == list(range(968, 998))
+        assert slow_way != []
+    finally:
+        await backend.close()

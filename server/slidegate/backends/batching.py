@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from slidegate.backends.deadlines import LATE_TIMER, Deadlines
 
@@ -31,12 +31,20 @@ class Batcher(Generic[Item, Result]):
     (by ``weight``), so that a few heavy items cannot make every other item's round trip long; an item heavier
     than that goes alone, and only one such batch is out at a time (it takes a free place before the light items
     waiting, never more), so that light items always have a place of their own: two heavy requests in flight
-    had every 20 ms caller behind them late."""
+    had every 20 ms caller behind them late.
+
+    ``start``, when given, sends a batch without a task of its own: it writes the batch at once and returns a
+    future of its results (cancelled when the batch is cut off), or None when it cannot, and the batch then goes
+    through ``send``. A task and the awaits that carry a batch through it cost each batch two more turns of the
+    event loop, a measured part of a call's cost (docs/performance.md)."""
 
     def __init__(self, send: Callable[[list[Item]], Awaitable[Sequence[Result | Exception]]], max_in_flight: int = 2,
                  batch_timeout: float | None = None, on_cut_off: Callable[[], object] = lambda: None,
-                 weight: Callable[[Item], int] = lambda _: 1, max_weight: int = 2**31) -> None:
+                 weight: Callable[[Item], int] = lambda _: 1, max_weight: int = 2**31,
+                 start: Callable[[list[Item]], asyncio.Future[Sequence[Result | Exception]] | None] | None = None,
+                 ) -> None:
         self._send = send
+        self._start = start
         self._max_in_flight = max_in_flight
         self._weight = weight
         self._max_weight = max_weight
@@ -66,7 +74,8 @@ class Batcher(Generic[Item, Result]):
         if self._in_flight < self._max_in_flight:
             self._flush(loop)
         if timeout is not None:
-            sent = not any(waiting is future for _, waiting, _ in self._waiting)
+            # still waiting, the item is the last one: nothing was added since, and a flush keeps the order
+            sent = not (self._waiting and self._waiting[-1][1] is future)
             # sent at once, an item's own deadline is its batch's (settled: none) unless it comes sooner; a
             # deadline fewer is a heap entry and a timer check fewer on every call
             if not sent or not (settle or (grace and self._batch_timeout is not None
@@ -103,44 +112,77 @@ class Batcher(Generic[Item, Result]):
             self._in_flight += 1
             self._heavy_in_flight = self._heavy_in_flight or heavy is not None
             expired: list[bool] = []
-            task = loop.create_task(self._run(batch, expired, heavy is not None))
-            self._tasks.add(task)  # the loop keeps only weak references to tasks
-            task.add_done_callback(self._tasks.discard)
+            started = self._start([item for item, _, _ in batch]) if self._start is not None else None
+            work: asyncio.Future[Any]
+            if started is not None:
+                started.add_done_callback(partial(self._landed, loop, batch, expired, heavy is not None))
+                work = started
+            else:
+                task = loop.create_task(self._run(batch, expired, heavy is not None))
+                self._tasks.add(task)  # the loop keeps only weak references to tasks
+                task.add_done_callback(self._tasks.discard)
+                work = task
             if self._batch_timeout is not None:
                 due = loop.time() + self._batch_timeout
-                self._deadlines.add(loop, due, partial(self._cut_off, loop, task, expired, due, True), task.done)
+                self._deadlines.add(loop, due, partial(self._cut_off, loop, work, expired, due, True), work.done)
 
     async def _run(self, batch: list[tuple[Item, asyncio.Future[Result], int]], expired: list[bool],
                    heavy: bool) -> None:
         try:
             results = await self._send([item for item, _, _ in batch])
         except BaseException as exc:
-            # cut off at batch_timeout: for its callers, a timeout like any other
-            error = TimeoutError() if expired else exc
-            for _, future, _ in batch:
-                if not future.done():
-                    if isinstance(error, asyncio.CancelledError):
-                        future.cancel()
-                    else:
-                        future.set_exception(error)
-            if not isinstance(error, Exception):
+            self._failed(batch, expired, exc)
+            if not isinstance(exc, Exception) and not expired:
                 raise
         else:
-            for (_, future, _), result in zip(batch, results, strict=True):
-                if future.done():
-                    continue
-                if isinstance(result, Exception):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
+            self._answer(batch, results)
         finally:
-            self._in_flight -= 1
-            if heavy:
-                self._heavy_in_flight = False
-            if self._waiting:
-                self._flush(asyncio.get_running_loop())
+            self._sent(asyncio.get_running_loop(), heavy)
 
-    def _cut_off(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[None], expired: list[bool], due: float,
+    def _landed(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[Item, asyncio.Future[Result], int]],
+                expired: list[bool], heavy: bool, started: asyncio.Future[Sequence[Result | Exception]]) -> None:
+        """A batch ``start`` sent has its results, or was cut off (cancelled)."""
+        try:
+            if started.cancelled():
+                self._failed(batch, expired, asyncio.CancelledError())
+            elif (error := started.exception()) is not None:
+                self._failed(batch, expired, error)
+            else:
+                self._answer(batch, started.result())
+        finally:
+            self._sent(loop, heavy)
+
+    @staticmethod
+    def _answer(batch: list[tuple[Item, asyncio.Future[Result], int]], results: Sequence[Result | Exception]) -> None:
+        for (_, future, _), result in zip(batch, results, strict=True):
+            if future.done():
+                continue
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+    @staticmethod
+    def _failed(batch: list[tuple[Item, asyncio.Future[Result], int]], expired: list[bool],
+                exc: BaseException) -> None:
+        # cut off at batch_timeout: for its callers, a timeout like any other
+        error = TimeoutError() if expired else exc
+        for _, future, _ in batch:
+            if not future.done():
+                if isinstance(error, asyncio.CancelledError):
+                    future.cancel()
+                else:
+                    future.set_exception(error)
+
+    def _sent(self, loop: asyncio.AbstractEventLoop, heavy: bool) -> None:
+        """A batch is back (answered, failed or cut off): its place goes to the items waiting."""
+        self._in_flight -= 1
+        if heavy:
+            self._heavy_in_flight = False
+        if self._waiting:
+            self._flush(loop)
+
+    def _cut_off(self, loop: asyncio.AbstractEventLoop, task: asyncio.Future[Any], expired: list[bool], due: float,
                  grace: bool) -> None:
         if task.done():
             return

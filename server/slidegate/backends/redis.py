@@ -63,6 +63,7 @@ from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded,
 from slidegate.backends.batching import Batcher
 from slidegate.backends.breaker import Breaker
 from slidegate.backends.deadlines import LoopWatch
+from slidegate.backends.permits import Permits
 from slidegate.backends.redis_cluster import RETRY_FOR, ClusterRouter
 from slidegate.backends.redis_connect import TlsOptions, Topology, check_url, make_client, redact
 from slidegate.backends.redis_sentinel import SentinelMaster
@@ -151,7 +152,7 @@ class RedisBackend:
         # one connection more than calls may take: the health ping never waits behind the load
         self._client = make_client(self._topology, timeout=timeout, pool_size=pool_size + 1)
         # redis-py's pools fail when full: waiting here keeps every node within pool_size connections
-        self._permits = asyncio.Semaphore(pool_size)
+        self._permits = Permits(pool_size)
         self._router = ClusterRouter(self._client) if isinstance(self._client, RedisCluster) else None
         # one Redis: connections of our own between calls (redis-py's Sentinel and Cluster clients follow
         # failovers and redirects inside execute_command, so those keep it)
@@ -172,7 +173,7 @@ class RedisBackend:
         self._batcher: Batcher[_Request, Decision | _Part] = Batcher(
             self._decide_many, batch_timeout=timeout,
             on_cut_off=lambda: self._failed(f"no answer within {timeout * 1000:.0f} ms"),
-            weight=lambda request: len(request[0]), max_weight=MAX_BATCH_CHECKS)
+            weight=lambda request: len(request[0]), max_weight=MAX_BATCH_CHECKS, start=self._start_many)
         self._script = lua_script([a.value for a in Algorithm])
         self._sha = hashlib.sha1(self._script.encode()).hexdigest()
         # round trips at Redis now (their start, by a number of their own) and Redis's last answer: how long it
@@ -309,35 +310,85 @@ class RedisBackend:
         one in production, where Redis's clock decides). With REDIS_WAIT_REPLICAS, a request admitted with hits
         that did not reach the replicas in time gets an Unconfirmed instead."""
         answers: list[Decision | _Part | Unconfirmed] = []
-        for clock, run in itertools.groupby(requests, key=lambda r: r[1]):
-            batch = [(checks, undoable) for checks, _, undoable in run]
-            keys: list[str] = []
-            args: list[str | int] = [clock, len(batch)]
-            for checks, undoable in batch:
-                args += (-len(checks), self._hold_us) if undoable else (len(checks),)
-                for c in checks:
-                    keys.append(c.key)
-                    args += _limit_args(c)
-            args += self._jitter()
+        for _, run in itertools.groupby(requests, key=lambda r: r[1]):
+            batch = list(run)
+            keys, args = self._script_args(batch)
             unconfirmed = None
             try:
                 reply = await self._eval(keys, args)
             except Unconfirmed as exc:
                 reply, unconfirmed = exc.reply, exc
-            at = 0
-            for checks, undoable in batch:
-                answer: Decision | _Part
-                if undoable:
-                    answer, at = _read_part(reply, at, len(checks))
-                    decision = answer.decision
-                else:
-                    outcomes = [Outcome(over=bool(reply[i]), remaining=int(reply[i + 1]), reset_us=int(reply[i + 2]))
-                                for i in range(at + 1, at + 1 + 3 * len(checks), 3)]
-                    answer = decision = Decision(admitted=bool(reply[at]), outcomes=outcomes)
-                    at += 1 + 3 * len(checks)
-                lost_if_failed_over = decision.admitted and any(c.hits > 0 for c in checks)
-                answers.append(unconfirmed if unconfirmed is not None and lost_if_failed_over else answer)
+            answers += _read_answers(batch, reply, unconfirmed)
         return answers
+
+    def _script_args(self, requests: Sequence[_Request]) -> tuple[list[str], list[str | int]]:
+        """The keys and arguments of one script call (lua/decide.lua) deciding ``requests``, all of one clock."""
+        keys: list[str] = []
+        args: list[str | int] = [requests[0][1], len(requests)]
+        for checks, _, undoable in requests:
+            args += (-len(checks), self._hold_us) if undoable else (len(checks),)
+            for c in checks:
+                keys.append(c.key)
+                args += _limit_args(c)
+        args += self._jitter()
+        return keys, args
+
+    def _start_many(self, requests: list[_Request]) -> asyncio.Future[Sequence[Decision | _Part | Exception]] | None:
+        """The common case of ``_decide_many``, without a task: the batch's script call written at once on an idle
+        connection, its answers handed over by a callback when the reply comes (the returned future; cancelling it
+        closes the connection). None when that is not the case, and ``_decide_many`` sends the batch: no idle
+        connection on this loop to use (one to make, or to drop), no permit free, REDIS_WAIT_REPLICAS, or several
+        clocks in one batch (tests' clocks only)."""
+        if self._wait_replicas or not self._idle:
+            return None
+        loop = asyncio.get_running_loop()
+        connection = self._idle[-1]
+        clock = requests[0][1]
+        if (self._idle_loop is not loop or connection.closed or not self._current(connection)
+                or any(request[1] != clock for request in requests) or not self._permits.take_now()):
+            return None
+        self._idle.pop()
+        keys, args = self._script_args(requests)
+        asking = next(self._asking)
+        self._asked[asking] = time.monotonic()
+        self._watch.watch(loop)
+        batch: asyncio.Future[Sequence[Decision | _Part | Exception]] = loop.create_future()
+        sent = connection.call(_pack(("EVALSHA", self._sha, len(keys), *keys, *args)))
+        sent.add_done_callback(partial(self._replied, requests, connection, batch, asking))
+        # cut off (no answer within the timeout): a late reply must never be read as the next call's
+        batch.add_done_callback(lambda done: connection.close() if done.cancelled() else None)
+        return batch
+
+    def _replied(self, requests: list[_Request], connection: WireConnection,
+                 batch: asyncio.Future[Sequence[Decision | _Part | Exception]], asking: int,
+                 sent: asyncio.Future[list[Any]]) -> None:
+        """The reply to a script call ``_start_many`` wrote (or the connection failed): ``batch``'s answers."""
+        del self._asked[asking]
+        self._permits.give()
+        if batch.done():
+            return  # cut off: its connection is closed
+        error = sent.exception()
+        if error is not None:  # the connection broke: it says nothing of Redis (see _direct)
+            connection.close()
+            batch.set_exception(error)
+            return
+        reply = sent.result()[0]
+        self._answered()  # an error reply too: Redis is there
+        if self._closed or not self._current(connection):
+            connection.close()
+        else:
+            self._idle.append(connection)
+        if isinstance(reply, NoScriptError) or (isinstance(reply, ReadOnlyError) and self._master is not None):
+            # nothing ran (see the module docstring): sent again the general way, with EVAL, or to the master
+            # the Sentinels name now
+            if isinstance(reply, ReadOnlyError) and self._master is not None:
+                self._master.demoted(connection)
+            again = asyncio.ensure_future(self._decide_many(requests))
+            again.add_done_callback(partial(_pass_on, batch))
+        elif isinstance(reply, ResponseError):
+            batch.set_exception(reply)
+        else:
+            batch.set_result(_read_answers(requests, reply, None))
 
     async def _decided(self, requests: list[_Request]) -> list[Decision]:
         """``_decide_many`` of requests that cannot be undone, where none can be unconfirmed (a cluster, or hits
@@ -355,10 +406,10 @@ class RedisBackend:
         """The script's reply; ``until`` (the event loop's time): a call not sent by then is not sent (on a cluster,
         TimeoutError waiting for a connection, or the CLUSTERDOWN or TRYAGAIN reply that kept it back)."""
         if until is None:
-            await self._permits.acquire()
+            await self._permits.take()
         else:
             async with asyncio.timeout_at(until):
-                await self._permits.acquire()
+                await self._permits.take()
         try:
             try:
                 return await self._execute(keys, until, "EVALSHA", self._sha, len(keys), *keys, *args)
@@ -366,7 +417,7 @@ class RedisBackend:
                 # Nothing ran. EVAL caches the script on the node that runs it (a new master after a failover).
                 return await self._execute(keys, until, "EVAL", self._script, len(keys), *keys, *args)
         finally:
-            self._permits.release()
+            self._permits.give()
 
     async def _execute(self, keys: list[str], until: float | None, *command: str | int) -> list[int]:
         asking = next(self._asking)
@@ -689,6 +740,40 @@ async def _give_back(undo: Undo, clock: str | int, scope: asyncio.Timeout) -> No
     left = None if deadline is None else deadline - asyncio.get_running_loop().time() - 0.002
     if left is None or left > 0:
         await asyncio.wait(tasks, timeout=left)
+
+
+def _read_answers(requests: Sequence[_Request], reply: list[int],
+                  unconfirmed: Unconfirmed | None) -> list[Decision | _Part | Unconfirmed]:
+    """Each request's answer in ``reply`` (lua/decide.lua: admitted and three values a limit, or a _Part for one
+    that may be undone); ``unconfirmed`` instead for a request admitted with hits, when the writes did not reach
+    REDIS_WAIT_REPLICAS replicas."""
+    answers: list[Decision | _Part | Unconfirmed] = []
+    at = 0
+    for checks, _, undoable in requests:
+        answer: Decision | _Part
+        if undoable:
+            answer, at = _read_part(reply, at, len(checks))
+            decision = answer.decision
+        else:
+            outcomes = [Outcome(over=bool(reply[i]), remaining=int(reply[i + 1]), reset_us=int(reply[i + 2]))
+                        for i in range(at + 1, at + 1 + 3 * len(checks), 3)]
+            answer = decision = Decision(admitted=bool(reply[at]), outcomes=outcomes)
+            at += 1 + 3 * len(checks)
+        lost_if_failed_over = decision.admitted and any(c.hits > 0 for c in checks)
+        answers.append(unconfirmed if unconfirmed is not None and lost_if_failed_over else answer)
+    return answers
+
+
+def _pass_on(to: asyncio.Future[Any], done: asyncio.Future[Any]) -> None:
+    """What ``done`` came to, given to ``to`` (unless ``to`` was cancelled meanwhile)."""
+    if to.done():
+        return
+    if done.cancelled():
+        to.cancel()
+    elif (error := done.exception()) is not None:
+        to.set_exception(error)
+    else:
+        to.set_result(done.result())
 
 
 def _read_part(reply: list[int], at: int, n: int) -> tuple[_Part, int]:
