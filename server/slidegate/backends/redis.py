@@ -236,10 +236,13 @@ class RedisBackend:
             # answer may no longer make it (measured: 15% late under load with CLIENT PAUSE). Silent while this
             # process ran, that is: an answer may be waiting unread after a pause of our own.
             now = time.monotonic()
+            # a stall of ours shorter than the watch can tell (LoopWatch.UNSEEN) may hide in that silence
+            longest = timeout + LoopWatch.UNSEEN
+            if now - self._last_answer < longest:
+                return None  # an answer came lately (under load, nearly always): silent for less than that
             oldest = next(iter(self._asked.values()))  # round trips are kept in the order they began
             silent = now - max(self._last_answer, oldest, self._watch.steady_since(now))
-            # a stall of ours shorter than the watch can tell (LoopWatch.UNSEEN) may hide in that silence
-            if silent >= timeout + LoopWatch.UNSEEN:
+            if silent >= longest:
                 return BackendUnavailable(f"{self.describe()}: silent for {silent * 1000:.0f} ms, longer than the "
                                           f"call can wait ({timeout * 1000:.0f} ms)")
         return None
