@@ -336,6 +336,23 @@ async def test_a_decision_is_counted_under_the_references_key(tmp_path: Path, co
     assert {name.rsplit(".", 1)[0] for name in totals} == {f"ratelimit.service.rate_limit.{key}"}
 
 
+async def test_one_service_counts_every_request_under_its_own_key(tmp_path: Path) -> None:
+    """The same cases, one after another through one service per config: a key remembered for a rule (one that
+    shows no request value) must never be given to a request whose key shows its values."""
+    by_config: dict[str, list[tuple[str, Entries, str]]] = {}
+    for config_text, domain, entries, key in CASES:
+        by_config.setdefault(config_text, []).append((domain, entries, key))
+    for config_text, cases in by_config.items():
+        service = service_for(tmp_path, config_text)
+        expected: dict[str, int] = {}
+        for domain, entries, key in cases + cases:
+            await service.decide(domain, [Descriptor(entries)], 0)
+            name = f"ratelimit.service.rate_limit.{key}.total_hits"
+            expected[name] = expected.get(name, 0) + 1
+        hits = {name: n for name, n in counted(service).items() if name.endswith(".total_hits")}
+        assert hits == expected
+
+
 async def test_an_override_is_counted_under_its_descriptor(tmp_path: Path) -> None:
     """test/config/config_test.go TestConfigLimitOverride: an override's key is its descriptor's entries (and a
     change of the override's value keeps counting there); a different value is another key."""

@@ -364,7 +364,8 @@ async def test_remembered_requests_are_left_out_of_garbage_collections(
             for i in range(200):  # the service forgets them all at once: nothing frozen stays for them
                 await stub.ShouldRateLimit(request("api", descriptor(("client", f"d{i}"))))
             assert len(service._prepared) == 100
-            assert gc.get_freeze_count() < frozen - 1300 * 20
+            # a remembered request holds about 16 tracked objects (its limit's counters are shared with others')
+            assert gc.get_freeze_count() < frozen - 1300 * 12
     finally:
         gc.unfreeze()
         await backend.close()

@@ -192,7 +192,9 @@ class Limiter:
             hits = default_hits if descriptor.hits_addend is None else descriptor.hits_addend
             if descriptor.negative:
                 hits = -hits
-            statuses.append(dataclasses.replace(status, hits=hits))
+            # built anew (dataclasses.replace inspects the fields: a request seen for the first time pays it): a
+            # matched limit's status has nothing else set yet
+            statuses.append(Status(limit, shadow=status.shadow, rule=status.rule, quota=status.quota, hits=hits))
             checks.append(Check(
                 key, limit.requests_per_unit, limit.window_seconds * 1_000_000, hits, limit.algorithm,
                 burst=limit.burst, stop_when_over=self._options.stop_when_over,

@@ -71,6 +71,12 @@ def rule_key(entries: Sequence[tuple[str, str]], rule: DescriptorNode) -> str:
     return ".".join(levels)
 
 
+def same_for_every_request(rule: DescriptorNode) -> bool:
+    """Whether ``rule_key`` gives every request descriptor matching ``rule`` the same key: no level shows the
+    request's value (a request's keys are the rule's own, since they matched)."""
+    return not rule.detailed_metric and not any(node.value_to_metric for node in rule.path())
+
+
 def override_key(entries: Sequence[tuple[str, str]]) -> str:
     """The key (without the domain) of a request descriptor that brought its own limit."""
     return ".".join(_level(shown(key), shown(value)) for key, value in entries)

@@ -203,6 +203,8 @@ class Metrics:
         self.call_latency = latencies("ratelimit_should_rate_limit_latency_seconds", "one ShouldRateLimit call",
                                       buckets=_LATENCY_BUCKETS, registry=registry)
         self._keys: dict[tuple[str, str], set[str]] = {}
+        # bounded as the keys are (limit_key): DETAILED_VALUES a rule, then the rule's __other
+        self._counters: dict[tuple[str, str], LimitCounters] = {}
         self._unknown_domains: set[str] = set()
 
     def _count(self, family: Counter, labels: tuple[str, ...], name: str) -> Count:
@@ -233,7 +235,10 @@ class Metrics:
 
     def counters(self, domain: str, key: str) -> LimitCounters:
         """The counters of one limit's key in ``domain`` (found once, so that each decision only adds)."""
-        return LimitCounters(self, domain, key)
+        counters = self._counters.get((domain, key))
+        if counters is None:
+            counters = self._counters[domain, key] = LimitCounters(self, domain, key)
+        return counters
 
     def limit_count(self, stat: LimitStat, domain: str, key: str) -> Count:
         """One stat of a limit: ``ratelimit.service.rate_limit.<domain>.<key>.<stat>``, sanitized as the

@@ -26,7 +26,7 @@ from slidegate.backends.base import BackendUnavailable, DeadlineExceeded, admits
 from slidegate.headers import HeaderNames, ResponseHeaders, Shown, envoy_headers
 from slidegate.heap import Heap
 from slidegate.limiter import Descriptor, InvalidOverride, Limiter, NoConfigLoaded, Override, Plan, Status
-from slidegate.metric_keys import override_key, rule_key
+from slidegate.metric_keys import override_key, rule_key, same_for_every_request
 from slidegate.metrics import Count, LimitCounters, Metrics
 from slidegate.text import printable
 from slidegate.units import Unit
@@ -235,6 +235,11 @@ class RateLimitService:
         self._heap = heap  # keeps collection pauses short and memory returned (slidegate.heap), in slidegate serve
         self._prepared: dict[bytes, Prepared] = {}
         self._prepared_config: object = None  # the config every remembered request was matched against
+        # the metric key of each rule of the current config whose key is the same for every request (by the rule's
+        # id: its config keeps it alive until a reload, when they are forgotten), so that a request never seen
+        # before (a new client's address, a new path) does not compose it again
+        self._rule_keys: dict[int, str] = {}
+        self._rule_keys_config: object = None
         self._outage = OutageLog()
         # told each answer of a gRPC call with its request (slidegate.tracing sets it to describe the call's span);
         # None, its default, costs the call one test
@@ -320,7 +325,14 @@ class RateLimitService:
             if rule is None:  # the request's own limit
                 key = self.metrics.limit_key(domain, "override", override_key(descriptor.entries))
             else:
-                key = self.metrics.limit_key(domain, rule.metric_key, rule_key(descriptor.entries, rule))
+                if plan.config is not self._rule_keys_config:
+                    self._rule_keys, self._rule_keys_config = {}, plan.config
+                shown = self._rule_keys.get(id(rule))
+                if shown is None:
+                    shown = rule_key(descriptor.entries, rule)
+                    if same_for_every_request(rule):
+                        self._rule_keys[id(rule)] = shown
+                key = self.metrics.limit_key(domain, rule.metric_key, shown)
             counted.append((index, self.metrics.counters(domain, key), status.limit.requests_per_unit))
         return Prepared(descriptors, plan, tuple(counted), hits_addend)
 
