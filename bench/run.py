@@ -64,7 +64,9 @@ descriptors:
   - key: path
     rate_limit: {unit: hour, requests_per_unit: 1000000000}
 """
-DISTINCT_KEYS = 10_000  # the Envoy workloads' paths, each its own limit key
+# The Envoy workloads' paths, each its own limit key: h2load's 10 connections each walk the list from its top, so
+# a run of n requests asks n // 10 paths (ten times each); bench/scale.py drives a path each request
+ENVOY_CONNECTIONS = 10
 # The RLQS workloads' paths, each a bucket of its own: {path: <path>}, under quota (the key path's 1e9 an hour),
 # or {hot: <path>}, over it after its first 10 (the key hot's 10 an hour). Envoy reports every bucket every 5 s.
 RLQS_BUCKETS = 100
@@ -195,11 +197,11 @@ def _with_direct_upstream(config: dict[str, Any], upstream_port: int) -> str:
 
 
 def h2load_envoy(port: int, uris: Path, requests: int, watch: dict[str, int]) -> Load:
-    """h2load -c 10 -m 10 through Envoy on ``port``, cycling through the paths listed in ``uris``."""
+    """h2load -c 10 -m 10 through Envoy on ``port``, each connection walking the paths listed in ``uris``."""
     log = Path(tempfile.mktemp(prefix="h2load-"))
     before = {name: cpu_seconds(pid) for name, pid in watch.items()}
     started = time.monotonic()
-    subprocess.run(["h2load", "-n", str(requests), "-c", "10", "-m", "10", "-t", "1", "-i", str(uris),
+    subprocess.run(["h2load", "-n", str(requests), "-c", str(ENVOY_CONNECTIONS), "-m", "10", "-t", "1", "-i", str(uris),
                     "--log-file", str(log)], capture_output=True, text=True, check=True)
     elapsed = time.monotonic() - started
     cpu = {name: (cpu_seconds(pid) - before[name]) / elapsed for name, pid in watch.items()}
@@ -402,13 +404,14 @@ def main() -> None:
                 stack.stop(workers)
             listener, admin = stack.free_port(), stack.free_port()
             uris = work / "uris"
-            uris.write_text("".join(f"http://127.0.0.1:{listener}/k{i}\n" for i in range(DISTINCT_KEYS)))
+            keys = n // ENVOY_CONNECTIONS
+            uris.write_text("".join(f"http://127.0.0.1:{listener}/k{i}\n" for i in range(keys)))
             bucket_uris = work / "bucket-uris"
             bucket_uris.write_text("".join(f"http://127.0.0.1:{listener}/k{i}\n" for i in range(RLQS_BUCKETS)))
             for name, config, paths, rls_pid in (
                 ("Envoy, no rate-limit filter", envoy_config(listener, admin, None), uris, None),
                 ("Envoy + filter, no-op handler", envoy_config(listener, admin, noop_port), uris, noop.pid),
-                (f"Envoy + filter, slidegate, {DISTINCT_KEYS:,} keys", envoy_config(listener, admin, sg_port), uris,
+                (f"Envoy + filter, slidegate, {keys:,} keys", envoy_config(listener, admin, sg_port), uris,
                  slidegate.pid),
                 (f"Envoy + RLQS (rate_limit_quota filter), slidegate, {RLQS_BUCKETS} buckets",
                  rlqs_envoy_config(listener, admin, sg_port, "path"), bucket_uris, slidegate.pid),
@@ -455,8 +458,9 @@ def write_report(out: Path, results: dict[str, Load], through_envoy: dict[str, L
                      f"{load.loop_us:.0f} | {load.loop_us / reference.loop_us:.2f} | {load.cpu['redis']:.0%} | "
                      f"{load.failed} |")
     bare, noop_behind = list(through_envoy.values())[:2]
-    lines += ["", f"Through Envoy (concurrency 1, upstream answered by Envoy itself): h2load -c 10 -m 10 over "
-              f"{DISTINCT_KEYS:,} paths, each a [path=<path>] descriptor with its own limit; the RLQS rows over "
+    lines += ["", f"Through Envoy (concurrency 1, upstream answered by Envoy itself): h2load -c 10 -m 10, each "
+              "connection walking the same list of paths (so each path is asked ten times), each a [path=<path>] "
+              "descriptor with its own limit; the RLQS rows over "
               f"{RLQS_BUCKETS} paths, each a bucket {{path: <path>}} under its quota (Envoy enforces slidegate's "
               f"assignments itself, reporting every 5 s), or {{hot: <path>}} over it (10 an hour: every request "
               "after the first few is a 429, answered by Envoy).", "",
