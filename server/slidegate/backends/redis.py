@@ -188,6 +188,7 @@ class RedisBackend:
         # every admitted request spanning slots (several holds give back less than exact, and each is a field)
         self._hold_us = round((2 * timeout + 0.1) * 1_000_000)
         self._undoing: set[asyncio.Task[None]] = set()  # compensating calls that outlived their request
+        self._resending: set[asyncio.Future[list[Decision | _Part | Unconfirmed]]] = set()  # see _replied
         self._undo_failed = Repeated(log, self.describe().replace("%", "%%") + ": a compensating call failed, so "
                                      "the hits of a rejected request stay counted on some limits until they leave "
                                      "their windows (%s)")
@@ -383,15 +384,22 @@ class RedisBackend:
             self._idle.append(connection)
         if isinstance(reply, NoScriptError) or (isinstance(reply, ReadOnlyError) and self._master is not None):
             # nothing ran (see the module docstring): sent again the general way, with EVAL, or to the master
-            # the Sentinels name now
+            # the Sentinels name now (which, answering READONLY too, is asked once more there)
             if isinstance(reply, ReadOnlyError) and self._master is not None:
                 self._master.demoted(connection)
             again = asyncio.ensure_future(self._decide_many(requests))
+            self._resending.add(again)  # the loop keeps only weak references to tasks
+            again.add_done_callback(self._resending.discard)
             again.add_done_callback(partial(_pass_on, batch))
         elif isinstance(reply, ResponseError):
             batch.set_exception(reply)
         else:
-            batch.set_result(_read_answers(requests, reply, None))
+            try:
+                answers = _read_answers(requests, reply, None)
+            except Exception as exc:  # a reply not of the script's shape: the callers hear of it, as from _decide_many
+                batch.set_exception(exc)
+            else:
+                batch.set_result(answers)
 
     async def _decided(self, requests: list[_Request]) -> list[Decision]:
         """``_decide_many`` of requests that cannot be undone, where none can be unconfirmed (a cluster, or hits
