@@ -489,3 +489,39 @@ async def test_the_common_path_sends_no_task_and_a_full_pool_still_answers_every
         assert slow_way != []
     finally:
         await backend.close()
+
+
+async def test_a_batch_cut_off_after_noscript_does_not_close_the_connection_another_batch_now_uses(
+        private_redis: RedisServer) -> None:
+    # NOSCRIPT gives the connection back (in step) and the batch is sent again the general way; the batch's
+    # cut-off must then close nothing of another batch's, nor leave its resend running on
+    backend = RedisBackend(private_redis.url, timeout=0.4)
+    decide_many = backend._decide_many
+    resent: list[str] = []
+
+    async def slow(requests: list[Any]) -> Any:  # a resend that takes longer than the batch may
+        resent.append("started")
+        await asyncio.sleep(0.8)
+        resent.append("sent")
+        return await decide_many(requests)
+
+    backend._decide_many = slow  # type: ignore[method-assign]
+    with redis.Redis.from_url(private_redis.url) as admin:
+        try:
+            await backend.ping()
+            admin.script_flush()
+            first = asyncio.create_task(backend.decide([Check("noscript-a", 100, 60_000_000, 1)]))
+            await asyncio.sleep(0.25)
+            assert resent == ["started"]
+            admin.script_load(backend._script)
+            admin.execute_command("CLIENT", "PAUSE", 300, "ALL")  # the next batch is out when the first is cut off
+            second = await backend.decide([Check("noscript-b", 100, 60_000_000, 1)])
+            assert second.admitted and second.outcomes[0].remaining == 99
+            with pytest.raises(BackendUnavailable):
+                await first  # cut off at 400 ms
+            await asyncio.sleep(0.7)
+            assert resent == ["started"]  # cut off: not sent after its callers were told it failed
+            assert admin.get("noscript-a") is None
+            assert backend._asked == {}
+        finally:
+            await backend.close()

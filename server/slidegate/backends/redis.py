@@ -359,8 +359,10 @@ class RedisBackend:
         batch: asyncio.Future[Sequence[Decision | _Part | Exception]] = loop.create_future()
         sent = connection.call(_pack(("EVALSHA", self._sha, len(keys), *keys, *args)))
         sent.add_done_callback(partial(self._replied, requests, connection, batch, asking))
-        # cut off (no answer within the timeout): a late reply must never be read as the next call's
-        batch.add_done_callback(lambda done: connection.close() if done.cancelled() else None)
+        # cut off (no answer within the timeout): a late reply must never be read as the next call's. Only while
+        # the reply is awaited: once it came, the connection was given back (or closed) by _replied, and may be
+        # another batch's now
+        batch.add_done_callback(lambda done: connection.close() if done.cancelled() and not sent.done() else None)
         return batch
 
     def _replied(self, requests: list[_Request], connection: WireConnection,
@@ -370,7 +372,8 @@ class RedisBackend:
         del self._asked[asking]
         self._permits.give()
         if batch.done():
-            return  # cut off: its connection is closed
+            connection.close()  # cut off (closed already, or the reply came just before: not read as the next's)
+            return
         error = sent.exception()
         if error is not None:  # the connection broke: it says nothing of Redis (see _direct)
             connection.close()
@@ -391,6 +394,9 @@ class RedisBackend:
             self._resending.add(again)  # the loop keeps only weak references to tasks
             again.add_done_callback(self._resending.discard)
             again.add_done_callback(partial(_pass_on, batch))
+            # the batch cut off: its resend too (as a batch sent by _decide_many is), never sent once its callers
+            # were told it failed, nor holding a permit and a round trip past the batch's bound
+            batch.add_done_callback(lambda done: again.cancel() if done.cancelled() else None)
         elif isinstance(reply, ResponseError):
             batch.set_exception(reply)
         else:
