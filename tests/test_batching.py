@@ -491,6 +491,30 @@ async def test_the_common_path_sends_no_task_and_a_full_pool_still_answers_every
         await backend.close()
 
 
+def test_a_call_in_flight_when_its_event_loop_ends_leaves_no_permit_or_round_trip_behind(
+        private_redis: RedisServer) -> None:
+    # written without a task (_start_many), its reply's callback never runs once the loop is gone: the next loop
+    # must not find the one permit taken for good (every call then cut off) nor Redis "asked" since then
+    backend = RedisBackend(private_redis.url, timeout=0.25, pool_size=1)
+    check = Check("loopgone", 100, 60_000_000, 1)
+
+    async def abandoned() -> None:
+        await backend.ping()  # the script loaded and the connections made: the call goes without a task
+        with redis.Redis.from_url(private_redis.url) as admin:
+            admin.execute_command("CLIENT", "PAUSE", 150, "ALL")
+        with pytest.raises(BackendUnavailable):  # DeadlineExceeded: the caller gave up before Redis answered
+            await backend.decide([check], timeout=0.02)
+
+    async def healthy() -> int:
+        await asyncio.sleep(0.3)  # the pause is over
+        return (await backend.decide([check])).outcomes[0].remaining
+
+    asyncio.run(abandoned())
+    assert asyncio.run(healthy()) in (98, 99)
+    assert backend._asked == {}
+    asyncio.run(backend.close())
+
+
 async def test_a_batch_cut_off_after_noscript_does_not_close_the_connection_another_batch_now_uses(
         private_redis: RedisServer) -> None:
     # NOSCRIPT gives the connection back (in step) and the batch is sent again the general way; the batch's

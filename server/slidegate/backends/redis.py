@@ -189,6 +189,10 @@ class RedisBackend:
         self._hold_us = round((2 * timeout + 0.1) * 1_000_000)
         self._undoing: set[asyncio.Task[None]] = set()  # compensating calls that outlived their request
         self._resending: set[asyncio.Future[list[Decision | _Part | Unconfirmed]]] = set()  # see _replied
+        # script calls _start_many wrote and whose reply has not been handled, by their round trip's number (each
+        # holds a permit and an entry of _asked), and their loop: when it is gone, _replied never runs for them
+        self._started: dict[int, WireConnection] = {}
+        self._started_loop: asyncio.AbstractEventLoop | None = None
         self._undo_failed = Repeated(log, self.describe().replace("%", "%%") + ": a compensating call failed, so "
                                      "the hits of a rejected request stay counted on some limits until they leave "
                                      "their windows (%s)")
@@ -343,9 +347,11 @@ class RedisBackend:
         closes the connection). None when that is not the case, and ``_decide_many`` sends the batch: no idle
         connection on this loop to use (one to make, or to drop), no permit free, REDIS_WAIT_REPLICAS, or several
         clocks in one batch (tests' clocks only)."""
+        loop = asyncio.get_running_loop()
+        if self._started and self._started_loop is not loop:
+            self._forget_started()
         if self._wait_replicas or not self._idle:
             return None
-        loop = asyncio.get_running_loop()
         connection = self._idle[-1]
         clock = requests[0][1]
         if (self._idle_loop is not loop or connection.closed or not self._current(connection)
@@ -355,6 +361,8 @@ class RedisBackend:
         keys, args = self._script_args(requests)
         asking = next(self._asking)
         self._asked[asking] = time.monotonic()
+        self._started[asking] = connection
+        self._started_loop = loop
         self._watch.watch(loop)
         batch: asyncio.Future[Sequence[Decision | _Part | Exception]] = loop.create_future()
         sent = connection.call(_pack(("EVALSHA", self._sha, len(keys), *keys, *args)))
@@ -365,13 +373,24 @@ class RedisBackend:
         batch.add_done_callback(lambda done: connection.close() if done.cancelled() and not sent.done() else None)
         return batch
 
+    def _forget_started(self) -> None:
+        """The script calls _start_many wrote on an event loop that is gone (asyncio.run after another): their
+        replies will never be handled, so their permits and round trips are given up here (their connections
+        went with their loop)."""
+        for asking in self._started:
+            self._asked.pop(asking, None)
+            self._permits.give()
+        self._started.clear()
+
     def _replied(self, requests: list[_Request], connection: WireConnection,
                  batch: asyncio.Future[Sequence[Decision | _Part | Exception]], asking: int,
                  sent: asyncio.Future[list[Any]]) -> None:
         """The reply to a script call ``_start_many`` wrote (or the connection failed): ``batch``'s answers."""
-        del self._asked[asking]
-        self._permits.give()
-        if batch.done():
+        ours = self._started.pop(asking, None) is not None  # not: given up with its loop (_forget_started)
+        if ours:
+            del self._asked[asking]
+            self._permits.give()
+        if batch.done() or not ours:
             connection.close()  # cut off (closed already, or the reply came just before: not read as the next's)
             return
         error = sent.exception()
