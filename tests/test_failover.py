@@ -21,7 +21,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from slidegate.backends.base import BackendUnavailable
+from slidegate.backends.base import BackendUnavailable, Check
 from slidegate.backends.redis import RedisBackend, Topology
 from slidegate.config import Config, load_directory
 from slidegate.keys import limit_key
@@ -204,6 +204,29 @@ async def test_a_master_that_became_a_replica_unannounced_makes_the_backend_ask_
         [s] = await limiter.should_rate_limit("t", [Descriptor((("k", "x"), ), hits_addend=0)])
         assert s.remaining == LIMIT - 2  # the first call (replicated) and the second, once
         assert hits(new, key) == 2
+    finally:
+        await backend.close()
+
+
+async def test_a_call_told_readonly_goes_once_more_not_twice(config: Config, group: SentinelGroup) -> None:
+    # READONLY means nothing ran: the call goes once more, to the master the Sentinels name; a second READONLY
+    # fails it (the module docstring) — also when the first went without a task (_start_many)
+    limiter, backend, key = sentinel_limiter(config, group)
+    old = group.master.port
+    try:
+        [s] = await limiter.should_rate_limit("t", [Descriptor((("k", "x"),))])  # a connection made and kept
+        assert not s.over and backend._idle
+        assert backend._master is not None
+        await backend._master.stop_following()
+        with redis.Redis(port=old) as r:
+            r.replicaof("127.0.0.1", group.replica.port)  # a replica the Sentinels still name, for a while
+            r.config_resetstat()
+            with pytest.raises(BackendUnavailable, match="ReadOnlyError"):
+                await backend.decide([Check(key, LIMIT, 3_600_000_000, 1)])
+            stats = r.info("commandstats")
+        sent = sum(stats.get(f"cmdstat_{name}", {}).get(field, 0)
+                   for name in ("evalsha", "eval") for field in ("calls", "rejected_calls"))
+        assert sent == 2
     finally:
         await backend.close()
 

@@ -312,7 +312,8 @@ class RedisBackend:
     def _slot(self, key: str) -> int:
         return 0 if self._router is None else self._router.slot(key)
 
-    async def _decide_many(self, requests: list[_Request]) -> list[Decision | _Part | Unconfirmed]:
+    async def _decide_many(self, requests: list[_Request], *,
+                           told_readonly: bool = False) -> list[Decision | _Part | Unconfirmed]:
         """One answer per request (its checks, its clock, whether it may be undone), in order: a Decision, or a
         _Part for a request that may be undone; one script call for each run of requests with the same clock (so
         one in production, where Redis's clock decides). With REDIS_WAIT_REPLICAS, a request admitted with hits
@@ -323,7 +324,7 @@ class RedisBackend:
             keys, args = self._script_args(batch)
             unconfirmed = None
             try:
-                reply = await self._eval(keys, args)
+                reply = await self._eval(keys, args, told_readonly=told_readonly)
             except Unconfirmed as exc:
                 reply, unconfirmed = exc.reply, exc
             answers += _read_answers(batch, reply, unconfirmed)
@@ -406,10 +407,11 @@ class RedisBackend:
             self._idle.append(connection)
         if isinstance(reply, NoScriptError) or (isinstance(reply, ReadOnlyError) and self._master is not None):
             # nothing ran (see the module docstring): sent again the general way, with EVAL, or to the master
-            # the Sentinels name now (which, answering READONLY too, is asked once more there)
+            # the Sentinels name now (the once more: a second READONLY fails the batch, as in _execute)
             if isinstance(reply, ReadOnlyError) and self._master is not None:
                 self._master.demoted(connection)
-            again = asyncio.ensure_future(self._decide_many(requests))
+            told_readonly = isinstance(reply, ReadOnlyError)
+            again = asyncio.ensure_future(self._decide_many(requests, told_readonly=told_readonly))
             self._resending.add(again)  # the loop keeps only weak references to tasks
             again.add_done_callback(self._resending.discard)
             again.add_done_callback(partial(_pass_on, batch))
@@ -438,9 +440,12 @@ class RedisBackend:
             decisions.append(answer)
         return decisions
 
-    async def _eval(self, keys: list[str], args: list[str | int], until: float | None = None) -> list[int]:
+    async def _eval(self, keys: list[str], args: list[str | int], until: float | None = None, *,
+                    told_readonly: bool = False) -> list[int]:
         """The script's reply; ``until`` (the event loop's time): a call not sent by then is not sent (on a cluster,
-        TimeoutError waiting for a connection, or the CLUSTERDOWN or TRYAGAIN reply that kept it back)."""
+        TimeoutError waiting for a connection, or the CLUSTERDOWN or TRYAGAIN reply that kept it back).
+        ``told_readonly``: the call was already answered READONLY once (_replied), so it is not sent again for
+        another."""
         if until is None:
             await self._permits.take()
         else:
@@ -448,14 +453,17 @@ class RedisBackend:
                 await self._permits.take()
         try:
             try:
-                return await self._execute(keys, until, "EVALSHA", self._sha, len(keys), *keys, *args)
+                return await self._execute(keys, until, "EVALSHA", self._sha, len(keys), *keys, *args,
+                                           told_readonly=told_readonly)
             except NoScriptError:
                 # Nothing ran. EVAL caches the script on the node that runs it (a new master after a failover).
-                return await self._execute(keys, until, "EVAL", self._script, len(keys), *keys, *args)
+                return await self._execute(keys, until, "EVAL", self._script, len(keys), *keys, *args,
+                                           told_readonly=told_readonly)
         finally:
             self._permits.give()
 
-    async def _execute(self, keys: list[str], until: float | None, *command: str | int) -> list[int]:
+    async def _execute(self, keys: list[str], until: float | None, *command: str | int,
+                       told_readonly: bool = False) -> list[int]:
         asking = next(self._asking)
         self._asked[asking] = time.monotonic()
         self._watch.watch(asyncio.get_running_loop())
@@ -463,7 +471,7 @@ class RedisBackend:
             try:
                 return await self._round_trip(keys, command, until)
             except ReadOnlyError:
-                if self._master is None:
+                if self._master is None or told_readonly:
                     raise
                 # a replica, so nothing was written (see the module docstring): once more, to the master the
                 # Sentinels name now (a second READONLY fails the call)
