@@ -523,11 +523,11 @@ async def test_a_batch_cut_off_after_noscript_does_not_close_the_connection_anot
     decide_many = backend._decide_many
     resent: list[str] = []
 
-    async def slow(requests: list[Any]) -> Any:  # a resend that takes longer than the batch may
+    async def slow(requests: list[Any], **kwargs: Any) -> Any:  # a resend that takes longer than the batch may
         resent.append("started")
         await asyncio.sleep(0.8)
         resent.append("sent")
-        return await decide_many(requests)
+        return await decide_many(requests, **kwargs)
 
     backend._decide_many = slow  # type: ignore[method-assign]
     with redis.Redis.from_url(private_redis.url) as admin:
