@@ -549,3 +549,27 @@ async def test_a_batch_cut_off_after_noscript_does_not_close_the_connection_anot
             assert backend._asked == {}
         finally:
             await backend.close()
+
+
+async def test_a_start_that_raises_fails_its_batch_and_frees_its_place() -> None:
+    # as a ``send`` that raises: the batch's callers hear of it, and the place it took is free again (else its
+    # callers wait forever, and once max_in_flight batches are lost so does every later call)
+    gate = Recorder()
+    starts: list[list[int]] = []
+
+    def start(items: list[int]) -> asyncio.Future[Sequence[int | Exception]] | None:
+        starts.append(list(items))
+        if len(starts) == 2:
+            raise RuntimeError("a bug in start")
+        return None
+
+    batcher = Batcher(gate.send, max_in_flight=1, start=start)
+    first = asyncio.create_task(batcher.submit(1))
+    await asyncio.sleep(0.01)
+    queued = [asyncio.create_task(batcher.submit(i)) for i in (2, 3)]
+    await asyncio.sleep(0.01)
+    gate.release.set()  # the queued items leave from the first batch's end, through the start that raises
+    assert await first == 10
+    results = await asyncio.wait_for(asyncio.gather(*queued, return_exceptions=True), 1)
+    assert all(isinstance(r, RuntimeError) for r in results)
+    assert await asyncio.wait_for(batcher.submit(4), 1) == 40

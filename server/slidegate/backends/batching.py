@@ -112,7 +112,13 @@ class Batcher(Generic[Item, Result]):
             self._in_flight += 1
             self._heavy_in_flight = self._heavy_in_flight or heavy is not None
             expired: list[bool] = []
-            started = self._start([item for item, _, _ in batch]) if self._start is not None else None
+            try:
+                started = self._start([item for item, _, _ in batch]) if self._start is not None else None
+            except Exception as exc:  # as from ``send``: its callers hear of it, and its place is free again
+                self._failed(batch, expired, exc)
+                self._in_flight -= 1
+                self._heavy_in_flight = self._heavy_in_flight and heavy is None
+                continue
             work: asyncio.Future[Any]
             if started is not None:
                 started.add_done_callback(partial(self._landed, loop, batch, expired, heavy is not None))
