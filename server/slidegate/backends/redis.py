@@ -190,9 +190,9 @@ class RedisBackend:
         self._undoing: set[asyncio.Task[None]] = set()  # compensating calls that outlived their request
         self._resending: set[asyncio.Future[list[Decision | _Part | Unconfirmed]]] = set()  # see _replied
         # script calls _start_many wrote and whose reply has not been handled, by their round trip's number (each
-        # holds a permit and an entry of _asked), and their loop: when it is gone, _replied never runs for them
-        self._started: dict[int, WireConnection] = {}
-        self._started_loop: asyncio.AbstractEventLoop | None = None
+        # holds a permit and an entry of _asked), with their loop: once it is closed, _replied never runs for them
+        self._started: dict[int, asyncio.AbstractEventLoop] = {}
+        self._started_loop: asyncio.AbstractEventLoop | None = None  # the last call's
         self._undo_failed = Repeated(log, self.describe().replace("%", "%%") + ": a compensating call failed, so "
                                      "the hits of a rejected request stay counted on some limits until they leave "
                                      "their windows (%s)")
@@ -362,8 +362,7 @@ class RedisBackend:
         keys, args = self._script_args(requests)
         asking = next(self._asking)
         self._asked[asking] = time.monotonic()
-        self._started[asking] = connection
-        self._started_loop = loop
+        self._started[asking] = self._started_loop = loop
         self._watch.watch(loop)
         batch: asyncio.Future[Sequence[Decision | _Part | Exception]] = loop.create_future()
         sent = connection.call(_pack(("EVALSHA", self._sha, len(keys), *keys, *args)))
@@ -375,23 +374,24 @@ class RedisBackend:
         return batch
 
     def _forget_started(self) -> None:
-        """The script calls _start_many wrote on an event loop that is gone (asyncio.run after another): their
+        """The script calls _start_many wrote on an event loop that is closed (asyncio.run after another): their
         replies will never be handled, so their permits and round trips are given up here (their connections
-        went with their loop)."""
-        for asking in self._started:
-            self._asked.pop(asking, None)
-            self._permits.give()
-        self._started.clear()
+        went with their loop). A loop still open (the in-process limiter's own, beside its callers') hands its
+        replies over itself."""
+        for asking, loop in list(self._started.items()):
+            if loop.is_closed():
+                del self._started[asking]
+                self._asked.pop(asking, None)
+                self._permits.give()
 
     def _replied(self, requests: list[_Request], connection: WireConnection,
                  batch: asyncio.Future[Sequence[Decision | _Part | Exception]], asking: int,
                  sent: asyncio.Future[list[Any]]) -> None:
         """The reply to a script call ``_start_many`` wrote (or the connection failed): ``batch``'s answers."""
-        ours = self._started.pop(asking, None) is not None  # not: given up with its loop (_forget_started)
-        if ours:
-            del self._asked[asking]
-            self._permits.give()
-        if batch.done() or not ours:
+        del self._started[asking]
+        del self._asked[asking]
+        self._permits.give()
+        if batch.done():
             connection.close()  # cut off (closed already, or the reply came just before: not read as the next's)
             return
         error = sent.exception()
