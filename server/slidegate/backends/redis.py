@@ -365,13 +365,18 @@ class RedisBackend:
         self._started[asking] = self._started_loop = loop
         self._watch.watch(loop)
         batch: asyncio.Future[Sequence[Decision | _Part | Exception]] = loop.create_future()
-        sent = connection.call(_pack(("EVALSHA", self._sha, len(keys), *keys, *args)))
+        sent = connection.call(_pack(self._script_call(keys, args)))
         sent.add_done_callback(partial(self._replied, requests, connection, batch, asking))
         # cut off (no answer within the timeout): a late reply must never be read as the next call's. Only while
         # the reply is awaited: once it came, the connection was given back (or closed) by _replied, and may be
         # another batch's now
         batch.add_done_callback(lambda done: connection.close() if done.cancelled() and not sent.done() else None)
         return batch
+
+    def _script_call(self, keys: list[str], args: list[str | int]) -> tuple[str | int, ...]:
+        """The command that runs the script on ``keys`` with ``args``, both ways a batch is sent (the property tests
+        run their own, which keeps keys alive while their clock stands still)."""
+        return ("EVALSHA", self._sha, len(keys), *keys, *args)
 
     def _forget_started(self) -> None:
         """The script calls _start_many wrote on an event loop that is closed (asyncio.run after another): their
@@ -453,8 +458,7 @@ class RedisBackend:
                 await self._permits.take()
         try:
             try:
-                return await self._execute(keys, until, "EVALSHA", self._sha, len(keys), *keys, *args,
-                                           told_readonly=told_readonly)
+                return await self._execute(keys, until, *self._script_call(keys, args), told_readonly=told_readonly)
             except NoScriptError:
                 # Nothing ran. EVAL caches the script on the node that runs it (a new master after a failover).
                 return await self._execute(keys, until, "EVAL", self._script, len(keys), *keys, *args,
