@@ -370,8 +370,10 @@ def test_the_single_redis_path_sends_no_receipts(redis_url: str, key_prefix: str
             calls: list[tuple[tuple[str | int, ...], list[int]]] = []
             execute = backend._execute
 
-            async def spy(keys: list[str], until: float | None, *command: str | int) -> list[int]:
-                reply: list[int] = await execute(keys, until, *command)  # a NOSCRIPT is sent again as EVAL
+            async def spy(keys: list[str], until: float | None, *command: str | int,
+                          told_readonly: bool = False) -> list[int]:
+                # a NOSCRIPT is sent again as EVAL
+                reply: list[int] = await execute(keys, until, *command, told_readonly=told_readonly)
                 calls.append((command, reply))
                 return reply
 
