@@ -122,3 +122,21 @@ async def test_bytes_that_are_not_the_redis_protocol_fail_the_calls_waiting(redi
         assert wire.closed
     finally:
         await wire.aclose()
+
+
+async def test_a_connection_redis_closed_before_it_was_taken_over_is_refused() -> None:
+    # killed right after its handshake, its end of file read by redis-py's stream: taken over, a call written
+    # there was never answered nor failed (a batch cut off at REDIS_TIMEOUT, and the breaker told Redis failed)
+    server = RedisServer().start()
+    try:
+        client = redis.asyncio.Redis(port=server.port)
+        connection = client.connection_pool.make_connection()
+        await connection.connect()
+        with redis.Redis(port=server.port) as admin:
+            admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        await asyncio.sleep(0.05)  # the end of file reaches redis-py's stream
+        with pytest.raises(RedisConnectionError):
+            await WireConnection.take_over(connection)
+        await client.aclose()
+    finally:
+        server.stop()

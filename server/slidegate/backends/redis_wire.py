@@ -45,6 +45,11 @@ class WireConnection(asyncio.Protocol):
         writer = getattr(connection, "_writer", None)
         if writer is None:
             raise RedisConnectionError("the connection to take over is not connected")
+        reader = getattr(connection, "_reader", None)
+        if reader is not None and reader.at_eof():
+            # Redis closed it (CLIENT KILL) after the handshake: its end of file went to redis-py's stream, and a
+            # protocol taking the socket over now would never hear of it (a call written there waits forever)
+            raise RedisConnectionError(CLOSED)
         wire = cls(getattr(connection, "host", None), getattr(connection, "port", None))
         # asyncio's StreamWriter closes its transport when collected: it lives as long as the connection
         wire._writer = writer
