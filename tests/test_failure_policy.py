@@ -21,6 +21,7 @@ from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
 from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded
 from slidegate.backends.breaker import Breaker
 from slidegate.backends.redis import RedisBackend
+from slidegate.backends.redis_connect import Topology, make_client
 from slidegate.config import ConfigError, LoadOptions, load_directory
 from slidegate.config.describe import describe_config
 from slidegate.failure_modes import FailureMode
@@ -273,6 +274,19 @@ async def test_a_killed_idle_connection_is_replaced_not_reported(private_redis: 
     assert (await backend.decide(checks)).admitted
     assert not breaker.is_open
     await backend.close()
+
+
+async def test_a_connection_redis_closed_while_idle_is_not_used_again(private_redis: RedisServer) -> None:
+    # redis-py, which carries the health pings and admin commands, retries nothing (make_client): a pooled
+    # connection Redis closed (CLIENT KILL, its idle `timeout`, a restart) must be replaced, not fail the next
+    # command — redis-py 8's maintenance notifications, on by default, skipped that check (redis-py #4252)
+    client = make_client(Topology("single", private_redis.url), timeout=1.0, pool_size=2)
+    assert await client.ping()
+    with redis.Redis.from_url(private_redis.url) as admin:
+        assert admin.execute_command("CLIENT", "KILL", "TYPE", "normal") == 1
+    await asyncio.sleep(0.05)  # the end of file reaches the idle connection's stream
+    assert await client.ping()
+    await client.aclose()
 
 
 async def test_calls_in_flight_are_all_that_a_client_kill_fails(private_redis: RedisServer) -> None:

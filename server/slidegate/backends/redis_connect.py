@@ -24,6 +24,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
+from redis.maint_notifications import MaintNotificationsConfig
 
 TYPES = ("single", "sentinel", "cluster")
 
@@ -168,6 +169,10 @@ def make_client(topology: Topology, *, timeout: float, pool_size: int) -> aiored
         "socket_connect_timeout": timeout,
         "retry": Retry(NoBackoff(), 0),
         "encoding_errors": "surrogateescape",  # request bytes that are not UTF-8 travel as they came
+        # redis-py 8's default ("auto", on over RESP3) skips its pool's check of a connection before reuse, so a
+        # connection Redis closed while idle (CLIENT KILL, its `timeout`, a restart) failed the next command
+        # (redis-py #4252); the notifications are Redis Enterprise's hitless upgrades, which we do not follow
+        "maint_notifications_config": MaintNotificationsConfig(enabled=False),
         **_auth_kwargs(topology.auth),
     }
     if topology.type == "single":
