@@ -551,6 +551,22 @@ async def test_a_batch_cut_off_after_noscript_does_not_close_the_connection_anot
             await backend.close()
 
 
+async def test_a_flushed_script_costs_one_round_trip_more_not_two(private_redis: RedisServer) -> None:
+    # NOSCRIPT to a batch sent without a task: it is sent again with EVAL at once, not with EVALSHA first
+    backend = RedisBackend(private_redis.url)
+    try:
+        await backend.ping()  # the script loaded, a connection idle: the next batch goes without a task
+        with redis.Redis.from_url(private_redis.url) as admin:
+            admin.script_flush()
+            admin.config_resetstat()
+            decision = await backend.decide([Check("flushed", 100, 60_000_000, 1)])
+            stats = admin.info("commandstats")
+        assert decision.admitted and decision.outcomes[0].remaining == 99
+        assert (stats["cmdstat_evalsha"]["calls"], stats["cmdstat_eval"]["calls"]) == (1, 1)
+    finally:
+        await backend.close()
+
+
 async def test_a_start_that_raises_fails_its_batch_and_frees_its_place() -> None:
     # as a ``send`` that raises: the batch's callers hear of it, and the place it took is free again (else its
     # callers wait forever, and once max_in_flight batches are lost so does every later call)

@@ -313,18 +313,19 @@ class RedisBackend:
         return 0 if self._router is None else self._router.slot(key)
 
     async def _decide_many(self, requests: list[_Request], *,
-                           told_readonly: bool = False) -> list[Decision | _Part | Unconfirmed]:
+                           told: ResponseError | None = None) -> list[Decision | _Part | Unconfirmed]:
         """One answer per request (its checks, its clock, whether it may be undone), in order: a Decision, or a
         _Part for a request that may be undone; one script call for each run of requests with the same clock (so
         one in production, where Redis's clock decides). With REDIS_WAIT_REPLICAS, a request admitted with hits
-        that did not reach the replicas in time gets an Unconfirmed instead."""
+        that did not reach the replicas in time gets an Unconfirmed instead. ``told``: the error reply (NOSCRIPT or
+        READONLY) a first send of these requests got (_replied), so nothing ran."""
         answers: list[Decision | _Part | Unconfirmed] = []
         for _, run in itertools.groupby(requests, key=lambda r: r[1]):
             batch = list(run)
             keys, args = self._script_args(batch)
             unconfirmed = None
             try:
-                reply = await self._eval(keys, args, told_readonly=told_readonly)
+                reply = await self._eval(keys, args, told=told)
             except Unconfirmed as exc:
                 reply, unconfirmed = exc.reply, exc
             answers += _read_answers(batch, reply, unconfirmed)
@@ -415,8 +416,7 @@ class RedisBackend:
             # the Sentinels name now (the once more: a second READONLY fails the batch, as in _execute)
             if isinstance(reply, ReadOnlyError) and self._master is not None:
                 self._master.demoted(connection)
-            told_readonly = isinstance(reply, ReadOnlyError)
-            again = asyncio.ensure_future(self._decide_many(requests, told_readonly=told_readonly))
+            again = asyncio.ensure_future(self._decide_many(requests, told=reply))
             self._resending.add(again)  # the loop keeps only weak references to tasks
             again.add_done_callback(self._resending.discard)
             again.add_done_callback(partial(_pass_on, batch))
@@ -446,23 +446,27 @@ class RedisBackend:
         return decisions
 
     async def _eval(self, keys: list[str], args: list[str | int], until: float | None = None, *,
-                    told_readonly: bool = False) -> list[int]:
+                    told: ResponseError | None = None) -> list[int]:
         """The script's reply; ``until`` (the event loop's time): a call not sent by then is not sent (on a cluster,
         TimeoutError waiting for a connection, or the CLUSTERDOWN or TRYAGAIN reply that kept it back).
-        ``told_readonly``: the call was already answered READONLY once (_replied), so it is not sent again for
-        another."""
+        ``told``: the call was already answered (_replied) NOSCRIPT, so it goes with EVAL at once, or READONLY, so
+        it is not sent again for another."""
         if until is None:
             await self._permits.take()
         else:
             async with asyncio.timeout_at(until):
                 await self._permits.take()
+        told_readonly = isinstance(told, ReadOnlyError)
         try:
-            try:
-                return await self._execute(keys, until, *self._script_call(keys, args), told_readonly=told_readonly)
-            except NoScriptError:
-                # Nothing ran. EVAL caches the script on the node that runs it (a new master after a failover).
-                return await self._execute(keys, until, "EVAL", self._script, len(keys), *keys, *args,
-                                           told_readonly=told_readonly)
+            if not isinstance(told, NoScriptError):
+                try:
+                    return await self._execute(keys, until, *self._script_call(keys, args),
+                                               told_readonly=told_readonly)
+                except NoScriptError:
+                    pass
+            # Nothing ran. EVAL caches the script on the node that runs it (a new master after a failover).
+            return await self._execute(keys, until, "EVAL", self._script, len(keys), *keys, *args,
+                                       told_readonly=told_readonly)
         finally:
             self._permits.give()
 
