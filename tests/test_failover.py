@@ -20,9 +20,11 @@ import grpc
 import pytest
 import redis
 import redis.asyncio
+from redis.asyncio.sentinel import SentinelConnectionPool
 
 from slidegate.backends.base import BackendUnavailable, Check
 from slidegate.backends.redis import RedisBackend, Topology
+from slidegate.backends.redis_connect import make_client
 from slidegate.config import Config, load_directory
 from slidegate.keys import limit_key
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions
@@ -56,6 +58,25 @@ def group() -> Iterator[SentinelGroup]:
     g = SentinelGroup()
     yield g
     g.cleanup()
+
+
+async def test_a_sentinel_connection_closed_while_idle_is_not_used_again(group: SentinelGroup) -> None:
+    # the Sentinels' own clients (master discovery, announcements) retry nothing either: one a Sentinel closed
+    # while idle must be replaced, not fail the next question (with one Sentinel: no master found at all)
+    client = make_client(Topology("sentinel", group.url), timeout=1.0, pool_size=2)
+    assert isinstance(client, redis.asyncio.Redis)
+    assert isinstance(client.connection_pool, SentinelConnectionPool)
+    manager = client.connection_pool.sentinel_manager
+    try:
+        assert await manager.discover_master(group.name) == ("127.0.0.1", group.master.port)
+        with group.sentinel_client() as sentinel:
+            assert sentinel.execute_command("CLIENT", "KILL", "TYPE", "normal") >= 1
+        await asyncio.sleep(0.05)  # the end of file reaches the idle connection's stream
+        assert await manager.discover_master(group.name) == ("127.0.0.1", group.master.port)
+    finally:
+        for sentinel in manager.sentinels:
+            await sentinel.aclose()
+        await client.aclose(close_connection_pool=True)
 
 
 def sentinel_limiter(config: Config, group: SentinelGroup) -> tuple[Limiter, RedisBackend, str]:

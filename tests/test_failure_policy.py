@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 import redis
+import redis.asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
@@ -279,14 +280,17 @@ async def test_a_killed_idle_connection_is_replaced_not_reported(private_redis: 
 async def test_a_connection_redis_closed_while_idle_is_not_used_again(private_redis: RedisServer) -> None:
     # redis-py, which carries the health pings and admin commands, retries nothing (make_client): a pooled
     # connection Redis closed (CLIENT KILL, its idle `timeout`, a restart) must be replaced, not fail the next
-    # command — redis-py 8's maintenance notifications, on by default, skipped that check (redis-py #4252)
+    # command — redis-py 8.1.0's maintenance notifications, on by default, skipped that check (redis-py #4252)
     client = make_client(Topology("single", private_redis.url), timeout=1.0, pool_size=2)
-    assert await client.ping()
-    with redis.Redis.from_url(private_redis.url) as admin:
-        assert admin.execute_command("CLIENT", "KILL", "TYPE", "normal") == 1
-    await asyncio.sleep(0.05)  # the end of file reaches the idle connection's stream
-    assert await client.ping()
-    await client.aclose()
+    assert isinstance(client, redis.asyncio.Redis)
+    try:
+        assert await client.ping()
+        with redis.Redis.from_url(private_redis.url) as admin:
+            assert admin.execute_command("CLIENT", "KILL", "TYPE", "normal") == 1
+        await asyncio.sleep(0.05)  # the end of file reaches the idle connection's stream
+        assert await client.ping()
+    finally:
+        await client.aclose(close_connection_pool=True)
 
 
 async def test_calls_in_flight_are_all_that_a_client_kill_fails(private_redis: RedisServer) -> None:

@@ -48,6 +48,7 @@ def test_garbage_cycles_made_between_freezes_are_not_frozen() -> None:
     heap = Heap(freeze_every=1)
     kept = [[object()] for _ in range(100)]
     gc.collect()
+    enabled = gc.isenabled()
     gc.disable()  # no automatic collection meanwhile: whatever is not collected before the freeze is frozen
     try:
         for _ in range(1000):
@@ -58,7 +59,8 @@ def test_garbage_cycles_made_between_freezes_are_not_frozen() -> None:
         assert not [o for o in gc.get_objects() if type(o) is Cycle]  # isinstance would wake lazy objects up
         assert any(o is kept[0] for o in gc.get_objects())
     finally:
-        gc.enable()
+        if enabled:
+            gc.enable()
         gc.unfreeze()
 
 

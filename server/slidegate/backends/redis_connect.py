@@ -28,6 +28,12 @@ from redis.maint_notifications import MaintNotificationsConfig
 
 TYPES = ("single", "sentinel", "cluster")
 
+# redis-py 8.1.0's default ("auto", on over RESP3) skips its pools' check of a connection before reuse, so a
+# connection Redis or a Sentinel closed while idle (CLIENT KILL, its `timeout`, a restart) failed the next command
+# (redis-py #4252, a regression of 8.1.0). The notifications are Redis Enterprise's hitless upgrades, which
+# slidegate does not follow. (redis-py's Cluster client checks no idle connection before use either way.)
+NO_MAINTENANCE_NOTIFICATIONS = MaintNotificationsConfig(enabled=False)
+
 
 @dataclass(frozen=True, slots=True)
 class TlsOptions:
@@ -169,10 +175,7 @@ def make_client(topology: Topology, *, timeout: float, pool_size: int) -> aiored
         "socket_connect_timeout": timeout,
         "retry": Retry(NoBackoff(), 0),
         "encoding_errors": "surrogateescape",  # request bytes that are not UTF-8 travel as they came
-        # redis-py 8's default ("auto", on over RESP3) skips its pool's check of a connection before reuse, so a
-        # connection Redis closed while idle (CLIENT KILL, its `timeout`, a restart) failed the next command
-        # (redis-py #4252); the notifications are Redis Enterprise's hitless upgrades, which we do not follow
-        "maint_notifications_config": MaintNotificationsConfig(enabled=False),
+        "maint_notifications_config": NO_MAINTENANCE_NOTIFICATIONS,
         **_auth_kwargs(topology.auth),
     }
     if topology.type == "single":
@@ -185,6 +188,7 @@ def make_client(topology: Topology, *, timeout: float, pool_size: int) -> aiored
         master, sentinels = parse_sentinel_url(topology.url)
         sentinel_kwargs = {"socket_timeout": timeout, "socket_connect_timeout": timeout,
                            "retry": Retry(NoBackoff(), 0),  # so a refusal is reported as such, at once
+                           "maint_notifications_config": NO_MAINTENANCE_NOTIFICATIONS,
                            **_auth_kwargs(topology.sentinel_auth), **tls}
         manager = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)
         client: aioredis.Redis = manager.master_for(master, redis_class=aioredis.Redis, max_connections=pool_size,
