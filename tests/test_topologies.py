@@ -20,7 +20,7 @@ import redis
 import redis.asyncio
 from redis.crc import key_slot
 
-from slidegate.backends.base import BackendUnavailable
+from slidegate.backends.base import BackendUnavailable, Check
 from slidegate.backends.breaker import Breaker
 from slidegate.backends.redis import RedisBackend, Topology
 from slidegate.config import Config, load_directory
@@ -102,6 +102,24 @@ async def test_cluster_admits_exactly_the_limit_with_limits_in_several_slots(clu
         await backend.close()
     keys = {limit_key("", "sliding_window_log", "t", [("user", f"u{i}")]) for i in range(100)}
     assert len({slot(k) for k in keys}) > 50  # the limits really are spread: no CROSSSLOT was possible
+
+
+async def test_a_cluster_connection_closed_while_idle_is_not_used_again(cluster: Cluster) -> None:
+    # a connection a node closed while idle (CLIENT KILL, its `timeout`, a restart) was nothing of the call's:
+    # it is replaced before the call is written, not used to fail it (redis-py's Cluster client checks nothing)
+    backend = RedisBackend(Topology("cluster", cluster.url, auth=(None, PASSWORD)), timeout=1.0)
+    checks = [Check(f"idle-{uuid.uuid4().hex}", 100, 60_000_000, 1)]
+    try:
+        assert (await backend.decide(checks)).admitted
+        await backend.ping()
+        for node in cluster.live():
+            with cluster.client(node) as admin:
+                admin.execute_command("CLIENT", "KILL", "TYPE", "normal")
+        await asyncio.sleep(0.05)  # the end of file reaches the idle connections' streams
+        assert (await backend.decide(checks)).outcomes[0].remaining == 98
+        await backend.ping()
+    finally:
+        await backend.close()
 
 
 async def test_domain_hash_tag_makes_a_request_one_all_or_nothing_call(cluster: Cluster, config: Config) -> None:

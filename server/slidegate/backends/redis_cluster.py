@@ -124,6 +124,11 @@ class ClusterRouter:
     async def _send(node: ClusterNode, command: tuple[Any, ...], asking: bool) -> Any:
         connection = node.acquire_connection()
         try:
+            if connection.is_connected and await connection.can_read():
+                # closed by Redis while idle (CLIENT KILL, its `timeout`), or a reply left unread: nothing of this
+                # call's was sent on it, so it is replaced rather than used to fail the call (redis-py's Cluster
+                # client hands its connections out unchecked)
+                await connection.disconnect()
             if asking:
                 await connection.send_packed_command(connection.pack_commands([("ASKING",), command]))
                 try:

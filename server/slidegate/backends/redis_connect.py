@@ -31,7 +31,7 @@ TYPES = ("single", "sentinel", "cluster")
 # redis-py 8.1.0's default ("auto", on over RESP3) skips its pools' check of a connection before reuse, so a
 # connection Redis or a Sentinel closed while idle (CLIENT KILL, its `timeout`, a restart) failed the next command
 # (redis-py #4252, a regression of 8.1.0). The notifications are Redis Enterprise's hitless upgrades, which
-# slidegate does not follow. (redis-py's Cluster client checks no idle connection before use either way.)
+# slidegate does not follow. (redis-py's Cluster client checks no idle connection either way: ClusterRouter does.)
 NO_MAINTENANCE_NOTIFICATIONS = MaintNotificationsConfig(enabled=False)
 
 
