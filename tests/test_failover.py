@@ -76,7 +76,7 @@ async def test_a_sentinel_connection_closed_while_idle_is_not_used_again(group: 
     finally:
         for sentinel in manager.sentinels:
             await sentinel.aclose()
-        await client.aclose()
+        await client.aclose(close_connection_pool=True)
 
 
 def sentinel_limiter(config: Config, group: SentinelGroup) -> tuple[Limiter, RedisBackend, str]:

@@ -182,7 +182,7 @@ def make_client(topology: Topology, *, timeout: float, pool_size: int) -> aiored
         tls = _tls_kwargs(topology.tls) if topology.tls is not None and topology.url.startswith("rediss://") else {}
         pool = aioredis.ConnectionPool.from_url(topology.url, max_connections=pool_size, health_check_interval=0,
                                                 **common, **tls)
-        return aioredis.Redis.from_pool(pool)  # its own pool: closed with it
+        return aioredis.Redis(connection_pool=pool)
     tls = {} if topology.tls is None else {"ssl": True, **_tls_kwargs(topology.tls)}
     if topology.type == "sentinel":
         master, sentinels = parse_sentinel_url(topology.url)
