@@ -393,7 +393,7 @@ SPECS: tuple[Spec, ...] = (
          "CA of client certificates: set, clients must present one it signed (mutual TLS)"),
     Spec("http_host", "HOST", "--http-host", "0.0.0.0", str, "address for HTTP (/json, /healthcheck)"),
     Spec("http_port", "PORT", "--http-port", "8080", _port, "HTTP port (0: any free port)"),
-    Spec("debug_host", "DEBUG_HOST", "--debug-host", "0.0.0.0", str, "address for /rlconfig and /metrics"),
+    Spec("debug_host", "DEBUG_HOST", "--debug-host", "0.0.0.0", str, "address for /rlconfig, /metrics and /stats"),
     Spec("debug_port", "DEBUG_PORT", "--debug-port", "6070", _port, "debug HTTP port (0: any free port)"),
     Spec("log_level", "LOG_LEVEL", "--log-level", "info", _log_level,
          "debug, info, warn or error (envoyproxy/ratelimit's trace, fatal and panic too); debug logs one line "
