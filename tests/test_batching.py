@@ -589,3 +589,52 @@ async def test_a_start_that_raises_fails_its_batch_and_frees_its_place() -> None
     results = await asyncio.wait_for(asyncio.gather(*queued, return_exceptions=True), 1)
     assert all(isinstance(r, RuntimeError) for r in results)
     assert await asyncio.wait_for(batcher.submit(4), 1) == 40
+
+
+async def test_a_lone_request_is_packed_once_and_only_its_own_checks_reuse_the_bytes(
+        redis_url: str, key_prefix: str) -> None:
+    backend = RedisBackend(redis_url)
+    try:
+        await backend.ping()  # a connection idle: each call below goes alone, without a task
+        mine = (Check(f"{key_prefix}mine", 100, 60_000_000, 1),)
+        other = (Check(f"{key_prefix}other", 100, 60_000_000, 1),)
+        assert [(await backend.decide(mine)).outcomes[0].remaining for _ in range(3)] == [99, 98, 97]
+        assert list(backend._packed) == [id(mine)]
+        # an entry found under another request's id (its checks freed and the id reused) is not its bytes
+        backend._packed[id(other)] = backend._packed.pop(id(mine))
+        assert (await backend.decide(other)).outcomes[0].remaining == 99
+        assert (await backend.decide(mine)).outcomes[0].remaining == 96
+        with redis.Redis.from_url(redis_url) as admin:
+            assert len(admin.keys(f"{key_prefix}*")) == 2
+    finally:
+        await backend.close()
+
+
+async def test_packed_requests_are_bounded_in_number_and_bytes(
+        redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("slidegate.backends.redis.PACKED_CALLS", 4)
+    monkeypatch.setattr("slidegate.backends.redis.PACKED_BYTES", 64 * 1024)
+    backend = RedisBackend(redis_url)
+    try:
+        await backend.ping()
+        requests = [(Check(f"{key_prefix}k{i}", 100, 60_000_000, 1),) for i in range(10)]
+        for checks in requests:
+            assert (await backend.decide(checks)).outcomes[0].remaining == 99
+            assert len(backend._packed) <= 4
+        # a call larger than a 64th of the bytes is sent and not kept
+        large = tuple(Check(f"{key_prefix}{'x' * 200}{i}", 100, 60_000_000, 1) for i in range(8))
+        assert all(o.remaining == 99 for o in (await backend.decide(large)).outcomes)
+        assert id(large) not in backend._packed and backend._packed_bytes <= 64 * 1024
+    finally:
+        await backend.close()
+
+
+async def test_with_expiration_jitter_no_call_is_kept(redis_url: str, key_prefix: str) -> None:
+    backend = RedisBackend(redis_url, expiry_jitter=5)
+    try:
+        await backend.ping()
+        checks = (Check(f"{key_prefix}jittered", 100, 60_000_000, 1),)
+        assert [(await backend.decide(checks)).outcomes[0].remaining for _ in range(2)] == [99, 98]
+        assert backend._packed == {}  # each call carries its own random jitter
+    finally:
+        await backend.close()

@@ -70,12 +70,19 @@ class Batcher(Generic[Item, Result]):
         if timeout is not None and timeout <= 0:
             raise TimeoutError
         due = loop.time()  # before the item may be sent: its time counts from here
-        self._waiting.append((item, future, self._weight(item)))
-        if self._in_flight < self._max_in_flight:
-            self._flush(loop)
+        weight = self._weight(item)
+        alone = (not self._waiting and self._in_flight < self._max_in_flight
+                 and (weight <= self._max_weight or not self._heavy_in_flight))
+        if alone:
+            # the common case, what _flush would do with this item alone, without its scans of the items waiting
+            self._send_batch(loop, [(item, future, weight)], weight > self._max_weight)
+        else:
+            self._waiting.append((item, future, weight))
+            if self._in_flight < self._max_in_flight:
+                self._flush(loop)
         if timeout is not None:
             # still waiting, the item is the last one: nothing was added since, and a flush keeps the order
-            sent = not (self._waiting and self._waiting[-1][1] is future)
+            sent = alone or not (self._waiting and self._waiting[-1][1] is future)
             # sent at once, an item's own deadline is its batch's (settled: none) unless it comes sooner; a
             # deadline fewer is a heap entry and a timer check fewer on every call
             if not sent or not (settle or (grace and self._batch_timeout is not None
@@ -109,28 +116,33 @@ class Batcher(Generic[Item, Result]):
             self._waiting = waiting
             if not batch:
                 return
-            self._in_flight += 1
-            self._heavy_in_flight = self._heavy_in_flight or heavy is not None
-            expired: list[bool] = []
-            try:
-                started = self._start([item for item, _, _ in batch]) if self._start is not None else None
-            except Exception as exc:  # as from ``send``: its callers hear of it, and its place is free again
-                self._failed(batch, expired, exc)
-                self._in_flight -= 1
-                self._heavy_in_flight = self._heavy_in_flight and heavy is None
-                continue
-            work: asyncio.Future[Any]
-            if started is not None:
-                started.add_done_callback(partial(self._landed, loop, batch, expired, heavy is not None))
-                work = started
-            else:
-                task = loop.create_task(self._run(batch, expired, heavy is not None))
-                self._tasks.add(task)  # the loop keeps only weak references to tasks
-                task.add_done_callback(self._tasks.discard)
-                work = task
-            if self._batch_timeout is not None:
-                due = loop.time() + self._batch_timeout
-                self._deadlines.add(loop, due, partial(self._cut_off, loop, work, expired, due, True), work.done)
+            self._send_batch(loop, batch, heavy is not None)
+
+    def _send_batch(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[Item, asyncio.Future[Result], int]],
+                    heavy: bool) -> None:
+        """Send ``batch`` in a free place (``heavy``: an item heavier than ``max_weight``, alone)."""
+        self._in_flight += 1
+        self._heavy_in_flight = self._heavy_in_flight or heavy
+        expired: list[bool] = []
+        try:
+            started = self._start([item for item, _, _ in batch]) if self._start is not None else None
+        except Exception as exc:  # as from ``send``: its callers hear of it, and its place is free again
+            self._failed(batch, expired, exc)
+            self._in_flight -= 1
+            self._heavy_in_flight = self._heavy_in_flight and not heavy
+            return
+        work: asyncio.Future[Any]
+        if started is not None:
+            started.add_done_callback(partial(self._landed, loop, batch, expired, heavy))
+            work = started
+        else:
+            task = loop.create_task(self._run(batch, expired, heavy))
+            self._tasks.add(task)  # the loop keeps only weak references to tasks
+            task.add_done_callback(self._tasks.discard)
+            work = task
+        if self._batch_timeout is not None:
+            due = loop.time() + self._batch_timeout
+            self._deadlines.add(loop, due, partial(self._cut_off, loop, work, expired, due, True), work.done)
 
     async def _run(self, batch: list[tuple[Item, asyncio.Future[Result], int]], expired: list[bool],
                    heavy: bool) -> None:
