@@ -43,6 +43,8 @@ class BareRedis(asyncio.Protocol):
         self.reader.feed(data)
         while (reply := self.reader.gets()) is not False:
             future = self.waiting.popleft()
+            if future.done():  # its call was cancelled (the client went away)
+                continue
             if isinstance(reply, hiredis.ReplyError):  # (say NOAUTH: a password in REDIS_URL is not sent)
                 future.set_exception(reply)
             else:

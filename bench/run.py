@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,6 +36,7 @@ from typing import Any
 
 import redis
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from slidegate import stack
 from slidegate._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
@@ -139,6 +141,49 @@ def h2load(port: int, data: Path, requests: int, clients: int, streams: int, wat
                 durations[int(len(durations) * 0.99)] / 1000, cpu, failed, loop_us)
 
 
+Counters = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def counters(debug_port: int) -> Counters:
+    """slidegate's Prometheus counters (its debug port's /metrics: every worker's, summed), by sample name and
+    labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{debug_port}/metrics", timeout=10) as reply:
+        return parse_counters(reply.read().decode())
+
+
+def parse_counters(text: str) -> Counters:
+    """The counters of a Prometheus text exposition."""
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) if family.type == "counter"
+            for sample in family.samples if sample.name.endswith("_total")}
+
+
+def wrong_answers(before: Counters, after: Counters, calls: int, hits: int, over: int) -> list[str]:
+    """What slidegate's counters say went wrong between ``before`` and ``after``, a load of ``calls`` calls
+    asking ``hits`` hits in all of which ``over`` were over their limits: h2load counts a gRPC error as a
+    success (its HTTP status is 200), and an answer can be wrong without being an error. Empty: each call was
+    decided by Redis, as expected."""
+
+    def added(name: str, **labels: str) -> float:
+        return sum(value - before.get(key, 0) for key, value in after.items()
+                   if key[0] == name and all((k, v) in key[1] for k, v in labels.items()))
+
+    found = {
+        "calls": (added("ratelimit_service_total_requests_total", grpc_method="ShouldRateLimit"), calls),
+        "hits": (added("ratelimit_service_rate_limit_total_hits_total"), hits),
+        "hits over limit": (added("ratelimit_service_rate_limit_over_limit_total"), over),
+        "calls refused as invalid": (added("ratelimit_service_should_rate_limit_error_total"), 0),
+        "storage errors": (added("ratelimit_storage_errors_total"), 0),
+        "decisions by the failure mode": (added("ratelimit_degraded_decisions_total"), 0),
+    }
+    return [f"{what}: {got:.0f}, expected {expected}" for what, (got, expected) in found.items() if got != expected]
+
+
+def descriptors_in(data: Path) -> int:
+    """The number of descriptors of the request in a body file (see ``body``)."""
+    return len(rls_pb2.RateLimitRequest.FromString(data.read_bytes()[5:]).descriptors)
+
+
 def envoy_config(listener_port: int, admin_port: int, rls_port: int | None) -> str:
     """Envoy (envoy/envoy.yaml on loopback) asking the RLS on ``rls_port`` for a [path=<:path>] descriptor of
     each request, or without the rate-limit filter when None; its upstream is a second listener of the same
@@ -214,15 +259,38 @@ def h2load_envoy(port: int, uris: Path, requests: int, watch: dict[str, int]) ->
                 durations[int(len(durations) * 0.99)] / 1000, cpu, failed)
 
 
-Profile = list[tuple[str, float]]  # (function, share of the samples of slidegate's process)
+Profile = dict[str, float]  # stage -> share of the event-loop thread's samples
+NO_PYTHON = "gRPC's core, uvloop, protobuf and the kernel (no Python frame)"
+# The stages of a call, each named by the files (and functions) whose code runs in it; a sample belongs to the stage
+# of its innermost Python frame, and C code called from Python (protobuf, hiredis, a socket write) to its caller's
+STAGES: tuple[tuple[str, str], ...] = (
+    ("the response built (protobuf)", r"^(build_response|_metadata) \(slidegate/service\.py"),
+    ("metrics: counts and latencies", r"\(slidegate/(metrics|stats)\.py"),
+    ("the call: request looked up by its bytes, answer's bookkeeping", r"\(slidegate/(service|heap)\.py"),
+    ("matching and the limiter", r"\(slidegate/(limiter|keys|metric_keys|text)\.py|\(slidegate/config/"),
+    ("the over-limit cache", r"\(slidegate/backends/blocked\.py"),
+    ("batching", r"\(slidegate/backends/batching\.py"),
+    ("deadlines, breaker and permits", r"\(slidegate/backends/(deadlines|breaker|permits)\.py"),
+    ("the script call: arguments packed, answers read", r"\(slidegate/backends/(redis|base)\.py"),
+    ("the connection: written, replies parsed (hiredis)", r"\(slidegate/backends/redis_wire\.py"),
+    ("the bare handler: written, replies parsed (hiredis)", r"\((bench/)?noop_server\.py"),
+    ("statuses, outcomes and decisions made (dataclasses)", r"^__create_fn__"),
+    ("asyncio's and gRPC's Python", r"\((asyncio|grpc|concurrent)/|\((inspect|_weakrefset|typing)\.py|<frozen abc>"),
+)
 
 
-def profile(pid: int, port: int, data: Path, seconds: int = 8) -> Profile:
-    """Where slidegate's process spends its time under load (h2load -c 10 -m 10): py-spy samples every thread
-    at 200 Hz; each function's share of the samples that pass through it (inclusive), the 14 largest among
-    slidegate's, redis-py's and asyncio's functions, plus the share of samples with no Python frame below the
-    event loop (time in uvloop's and gRPC's C code) and that of gRPC's own poller thread. Frames every sample
-    of the main thread passes through (from the entry point down to the loop) are left out."""
+def stage_of(frame: str) -> str:
+    for stage, pattern in STAGES:
+        if re.search(pattern, frame):
+            return stage
+    return "other Python"
+
+
+def profile(pid: int, port: int, data: Path, seconds: int = 10) -> Profile:
+    """Where the event-loop thread of the server ``pid`` spends its time under load (h2load -c 10 -m 10, body
+    ``data``): py-spy samples it at 250 Hz while it runs, and each sample counts for the stage of its innermost
+    Python frame (STAGES), or for NO_PYTHON when no Python frame runs below the event loop's. gRPC's poller
+    thread is left out: the event-loop thread is the one calls queue for."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     raw = Path(tempfile.mktemp(prefix="py-spy-"))
     load = subprocess.Popen(["h2load", "-n", "10000000", "-c", "10", "-m", "10", "-t", "1", "-d", str(data),
@@ -230,29 +298,23 @@ def profile(pid: int, port: int, data: Path, seconds: int = 8) -> Profile:
                              f"http://127.0.0.1:{port}{PATH}"], stdout=subprocess.DEVNULL)
     try:
         time.sleep(1)
-        subprocess.run([spy, "record", "-p", str(pid), "-d", str(seconds), "-r", "200", "--format", "raw",
+        subprocess.run([spy, "record", "-p", str(pid), "-d", str(seconds), "-r", "250", "--format", "raw",
                         "-o", str(raw)], capture_output=True, check=True)
     finally:
         load.terminate()
         load.wait()
-    total, inclusive, loop_only, poller = 0, dict[str, int](), 0, 0
+    samples: dict[str, int] = {}
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")]
-        total += int(count)
-        if frames[0].startswith("Thread._bootstrap"):
-            poller += int(count)
-        elif frames[-1].startswith("Runner.run"):
-            loop_only += int(count)
-        for frame in set(frames):
-            if re.search(r"\((slidegate|redis|asyncio)/", frame):
-                inclusive[frame] = inclusive.get(frame, 0) + int(count)
+        frames = stack.split(";")
+        loop = [i for i, frame in enumerate(frames) if frame.startswith("Runner.run ")]
+        if not loop:
+            continue  # another thread than the event loop's
+        stage = NO_PYTHON if loop[-1] == len(frames) - 1 else stage_of(frames[-1])
+        samples[stage] = samples.get(stage, 0) + int(count)
     raw.unlink()
-    # the frames every sample of the main thread passes through (the entry point down to the loop) say nothing
-    main_thread = total - poller
-    top = sorted(((f, n) for f, n in inclusive.items() if n < 0.99 * main_thread), key=lambda item: -item[1])[:14]
-    return ([("event loop in C (uvloop, gRPC), no Python frame", loop_only / total),
-             ("gRPC's poller thread", poller / total)] + [(frame, n / total) for frame, n in top])
+    total = sum(samples.values())
+    return {stage: n / total for stage, n in sorted(samples.items(), key=lambda item: -item[1])}
 
 
 def median_load(runs: list[Load]) -> Load:
@@ -355,17 +417,29 @@ def main() -> None:
         noop = subprocess.Popen([sys.executable, str(HERE / "noop_server.py"), str(noop_port)])
         bare_port = stack.free_port()
         bare = subprocess.Popen([sys.executable, str(HERE / "noop_server.py"), str(bare_port), url])
+        sg_debug = stack.free_port()
         slidegate = stack.start_slidegate(work / "config", sg_port, redis_url=url, key_prefix=prefix,
-                                          extra_args=("--log-level", "warning"))
+                                          extra_args=("--log-level", "warning", "--debug-port", str(sg_debug)))
         time.sleep(1)
         watch = {"server": 0, "redis": redis_pid(url)}
 
         def run(name: str, port: int, server_pid: int, data: Path, clients: int = 10, streams: int = 10,
-                extra: tuple[tuple[Path, int], ...] = (), requests: int = n) -> None:
+                extra: tuple[tuple[Path, int], ...] = (), requests: int = n, debug: int | None = None,
+                over: bool = False) -> None:
+            """``debug``: slidegate's debug port, whose counters must show every call decided, each of ``data``'s
+            hits over its limit when ``over``, and none of the others'."""
             watch["server"] = server_pid
             h2load(port, data, min(requests, 2000), clients, streams, watch, extra)  # warm up
+            before = counters(debug) if debug is not None else {}
             results[name] = median_load([h2load(port, data, requests, clients, streams, watch, extra)
                                          for _ in range(repeat)])
+            if debug is not None:
+                others = [(requests * c // clients, descriptors_in(b)) for b, c in extra]
+                hits = requests * descriptors_in(data)
+                wrong = wrong_answers(before, counters(debug), repeat * (requests + sum(c for c, _ in others)),
+                                      repeat * (hits + sum(c * d for c, d in others)), repeat * hits if over else 0)
+                if wrong:
+                    sys.exit(f"{name}: answered wrongly: {'; '.join(wrong)}")
             print(f"{name:40} {results[name].calls:8.0f}/s p50 {results[name].p50_ms:.2f} ms "
                   f"p99 {results[name].p99_ms:.2f} ms cpu {results[name].cpu}", flush=True)
 
@@ -376,14 +450,16 @@ def main() -> None:
             run("no-op handler + one bare EVALSHA per call", bare_port, bare.pid, one)
             run("no-op handler + one bare EVALSHA, unloaded (c1 m1)", bare_port, bare.pid, one, 1, 1,
                 requests=n // 10)
-            run("slidegate, 1 descriptor, log", sg_port, slidegate.pid, one)
-            run("slidegate, unloaded (c1 m1)", sg_port, slidegate.pid, one, 1, 1, requests=n // 10)
-            flame = profile(slidegate.pid, sg_port, one)
+            run("slidegate, 1 descriptor, log", sg_port, slidegate.pid, one, debug=sg_debug)
+            run("slidegate, unloaded (c1 m1)", sg_port, slidegate.pid, one, 1, 1, requests=n // 10, debug=sg_debug)
+            flames = {"bare": profile(bare.pid, bare_port, one),
+                      "slidegate": profile(slidegate.pid, sg_port, one)}
             run("slidegate, 4 descriptors", sg_port, slidegate.pid,
-                body(("sliding_window_log", "k"), ("d1", "a"), ("d2", "b"), ("d3", "c"), directory=work))
+                body(("sliding_window_log", "k"), ("d1", "a"), ("d2", "b"), ("d3", "c"), directory=work),
+                debug=sg_debug)
             hot = body(("hot", "attacker"), directory=work)
             run("slidegate, attack (90% one over-limit key)", sg_port, slidegate.pid, hot, 9,
-                extra=((one, 1),))
+                extra=((one, 1),), debug=sg_debug, over=True)
             run("no-op handler, attack mix", noop_port, noop.pid, hot, 9, extra=((one, 1),))
             # the first reading of a run has come out low on this machine: the ceiling is the faster of two
             first = results["no-op handler, 1 descriptor"]
@@ -392,14 +468,14 @@ def main() -> None:
                                                          key=lambda load: load.calls)
             for algorithm in ALGORITHMS[1:]:
                 run(f"slidegate, 1 descriptor, {algorithm}", sg_port, slidegate.pid,
-                    body((algorithm, "k1"), directory=work))
-            workers_port = stack.free_port()
+                    body((algorithm, "k1"), directory=work), debug=sg_debug)
+            workers_port, workers_debug = stack.free_port(), stack.free_port()
             workers = stack.start_slidegate(
                 work / "config", workers_port, redis_url=url, key_prefix=prefix,
                 extra_args=("--log-level", "warning", "--workers", "2", "--http-port", str(stack.free_port()),
-                            "--debug-port", str(stack.free_port())))
+                            "--debug-port", str(workers_debug)))
             try:
-                run("slidegate, 2 workers, 1 descriptor, log", workers_port, workers.pid, one)
+                run("slidegate, 2 workers, 1 descriptor, log", workers_port, workers.pid, one, debug=workers_debug)
             finally:
                 stack.stop(workers)
             listener, admin = stack.free_port(), stack.free_port()
@@ -422,8 +498,12 @@ def main() -> None:
                 try:
                     envoy_watch = {"envoy": envoy.pid, "server": rls_pid or envoy.pid, "redis": watch["redis"]}
                     h2load_envoy(listener, paths, min(n, 2000), envoy_watch)  # warm up
+                    asks = "filter, slidegate" in name  # the RLS rows: one call per request, under its limit
+                    before = counters(sg_debug) if asks else {}
                     through_envoy[name] = median_load([h2load_envoy(listener, paths, n, envoy_watch)
                                                        for _ in range(repeat)])
+                    if asks and (wrong := wrong_answers(before, counters(sg_debug), n * repeat, n * repeat, 0)):
+                        sys.exit(f"{name}: answered wrongly: {'; '.join(wrong)}")
                     print(f"{name:40} {through_envoy[name].calls:8.0f}/s", flush=True)
                 finally:
                     stack.stop(envoy)
@@ -434,12 +514,12 @@ def main() -> None:
                 reference.wait()
         ceiling = redis_benchmark(url, n * 5)
         core = core_rates(url, n)
-    write_report(Path(options.out), results, through_envoy, ceiling, core, repeat, flame)
+    write_report(Path(options.out), results, through_envoy, ceiling, core, repeat, flames)
     shutil.rmtree(work, ignore_errors=True)
 
 
 def write_report(out: Path, results: dict[str, Load], through_envoy: dict[str, Load], ceiling: float,
-                 core: dict[str, float], repeat: int, flame: Profile) -> None:
+                 core: dict[str, float], repeat: int, flames: dict[str, Profile]) -> None:
     noop = results["no-op handler, 1 descriptor"]
     lines = [f"Median of {repeat} runs; h2load -c 10 -m 10 unless marked; ratios to the no-op handler and to the bare "
              "round trip (the no-op handler + one bare EVALSHA per call) of the same run, unloaded rows to the "
@@ -476,9 +556,18 @@ def write_report(out: Path, results: dict[str, Load], through_envoy: dict[str, L
               "ratio to slidegate-log |", "|---|---|---|"]
     for name, rate in core.items():
         lines.append(f"| {name} | {rate:,.0f} | {rate / core['slidegate-log']:.2f} |")
-    lines += ["", "Profile of slidegate under the 1-descriptor load (py-spy, every thread; a function's share counts "
-              "the samples that pass through it):", "", "| where | share of samples |", "|---|---|"]
-    lines += [f"| `{where}` | {share:.0%} |" for where, share in flame]
+    # each stage's share of the event-loop thread's samples, times the thread's CPU per call in the same load
+    loop_us = {"bare": results["no-op handler + one bare EVALSHA per call"].loop_us,
+               "slidegate": results["slidegate, 1 descriptor, log"].loop_us}
+    lines += ["", "Where a call's event-loop CPU goes, by stage, under the 1-descriptor load (h2load -c 10 -m 10; "
+              "py-spy samples of the event-loop thread, each counted for the stage of its innermost Python frame, "
+              "times that thread's CPU per call in the rows above):", "",
+              "| stage | bare round trip µs | slidegate µs |", "|---|---|---|"]
+    stages = list(dict.fromkeys([*flames["slidegate"], *flames["bare"]]))
+    for stage in stages:
+        lines.append(f"| {stage} | {flames['bare'].get(stage, 0) * loop_us['bare']:.0f} | "
+                     f"{flames['slidegate'].get(stage, 0) * loop_us['slidegate']:.0f} |")
+    lines.append(f"| all | {loop_us['bare']:.0f} | {loop_us['slidegate']:.0f} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     chart([(name, load.calls) for name, load in results.items()]
           + [(name, load.calls) for name, load in through_envoy.items()]
