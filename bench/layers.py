@@ -1,0 +1,202 @@
+"""Where a call's cost goes, layer by layer: one gRPC server (grpc.aio + uvloop, as `slidegate serve`) answering
+one-descriptor requests (sliding-window log) with more of slidegate's path each time, all driven by h2load
+-c 10 -m 10 in alternating rounds on one private Redis; event-loop CPU per call and calls/s, each round's as a
+ratio to the bare round trip's of the same round, then the median.
+
+    apt-get install nghttp2-client      # h2load
+    python -m bench.layers [--rounds 5] [--requests 20000]   # from the root
+
+The layers, each adding to the one before:
+
+- ``bare``: bench/noop_server.py with a Redis URL: one EVALSHA per call on a bare asyncio protocol.
+- ``minimal``: slidegate's request looked up by its bytes, its script call packed once and written on one of the
+  backend's own connections (slidegate.backends.redis_wire), the response built from the reply: the least
+  slidegate's path does, with none of its bookkeeping.
+- ``backend``: the call decided by the Redis backend (natural batching, deadlines, breaker, permits, the
+  answers read), the response built from its decision as above.
+- ``limiter``: the Limiter's decision (the over-limit cache, statuses, failure modes) and slidegate's response.
+- ``service``: RateLimitService.should_rate_limit, the whole decision (metrics, the outage log).
+- ``serve``: `slidegate serve` itself (health, reflection, the heap keeper, the quota service beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import uvloop
+
+from bench.run import body, h2load, private_redis
+from slidegate import stack
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
+from slidegate.application import build
+from slidegate.backends.blocked import OverLimitCache
+from slidegate.backends.redis import RedisBackend
+from slidegate.backends.redis_wire import WireConnection
+from slidegate.service import Prepared, Request, build_response, parse_request
+from slidegate.settings import Settings
+
+HERE = Path(__file__).resolve().parent
+LAYERS = ("bare", "minimal", "backend", "limiter", "service", "serve")
+CONFIG = """
+domain: bench
+descriptors:
+  - key: sliding_window_log
+    rate_limit: {unit: hour, requests_per_unit: 1000000000}
+"""
+OK = rls_pb2.RateLimitResponse.OK
+OVER_LIMIT = rls_pb2.RateLimitResponse.OVER_LIMIT
+Handler = Callable[[bytes, Any], Awaitable[rls_pb2.RateLimitResponse]]
+
+
+def response(admitted: bool, over: bool, remaining: int, reset_us: int,
+             prepared: Prepared) -> rls_pb2.RateLimitResponse:
+    """The response to a one-descriptor request, field by field (as slidegate.service.build_response sets them)."""
+    answer = rls_pb2.RateLimitResponse(overall_code=OK if admitted else OVER_LIMIT)
+    status = answer.statuses.add(code=OVER_LIMIT if over else OK)
+    status.limit_remaining = remaining
+    limit = prepared.plan.statuses[0].limit
+    assert limit is not None and limit.unit is not None
+    status.current_limit.requests_per_unit = limit.requests_per_unit
+    status.current_limit.unit = limit.unit.wire  # type: ignore[assignment]
+    seconds, micros = divmod(reset_us, 1_000_000)
+    status.duration_until_reset.seconds = seconds
+    status.duration_until_reset.nanos = micros * 1000
+    return answer
+
+
+async def serve_layer(layer: str, port: int, config_root: str, redis_url: str) -> None:
+    """Serve ``layer`` (one of LAYERS but bare and serve) on ``port`` until killed."""
+    settings = Settings.load({"RUNTIME_ROOT": config_root, "RUNTIME_SUBDIRECTORY": "", "RUNTIME_WATCH_ROOT": "false",
+                              "REDIS_URL": redis_url, "CACHE_KEY_PREFIX": f"layers-{uuid.uuid4().hex[:6]}:"})
+    app = build(settings)
+    service, limiter = app.service, app.limiter
+    backend = app.backend._backend if isinstance(app.backend, OverLimitCache) else app.backend
+    assert isinstance(backend, RedisBackend)
+    await backend.ping()  # the script loaded
+    prepared: dict[bytes, Prepared] = {}
+
+    def prepare(data: bytes) -> Prepared:
+        found = prepared.get(data)
+        if found is None:
+            domain, descriptors = parse_request(Request.FromString(data))
+            found = prepared[data] = service.prepare(domain, descriptors)
+        return found
+
+    handler: Handler
+    if layer == "minimal":
+        connection = await WireConnection.take_over(await backend._pool.get_connection())  # type: ignore[union-attr]
+        packed: dict[bytes, bytes] = {}
+
+        async def handler(data: bytes, context: Any) -> rls_pb2.RateLimitResponse:
+            found = prepare(data)
+            call = packed.get(data)
+            if call is None:
+                call = packed[data] = backend._lone_call((found.plan.checks, "", False))
+            admitted, over, remaining, reset_us = (await connection.call(call))[0]
+            return response(bool(admitted), bool(over), remaining, reset_us, found)
+    elif layer == "backend":
+        async def handler(data: bytes, context: Any) -> rls_pb2.RateLimitResponse:
+            found = prepare(data)
+            decision = await backend.decide(found.plan.checks)
+            outcome = decision.outcomes[0]
+            return response(decision.admitted, outcome.over, outcome.remaining, outcome.reset_us, found)
+    elif layer == "limiter":
+        async def handler(data: bytes, context: Any) -> rls_pb2.RateLimitResponse:
+            found = prepare(data)
+            statuses = await limiter.decide(found.plan)
+            return build_response(found.plan.domain, found.descriptors, statuses)
+    else:
+        handler = service.should_rate_limit
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "envoy.service.ratelimit.v3.RateLimitService", {"ShouldRateLimit": grpc.unary_unary_rpc_method_handler(
+            handler, request_deserializer=None, response_serializer=rls_pb2.RateLimitResponse.SerializeToString)}),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+def listening(port: int, timeout: float = 20.0) -> None:
+    """Wait until a server takes connections on ``port`` (it listens once it serves). Raises TimeoutError."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on port {port}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--serve", nargs=4, metavar=("LAYER", "PORT", "CONFIG_ROOT", "REDIS_URL"),
+                        help=argparse.SUPPRESS)  # a layer's server, started by this script itself
+    options = parser.parse_args()
+    if options.serve:
+        layer, port, root, url = options.serve
+        uvloop.run(serve_layer(layer, int(port), root, url))
+        return
+    work = Path(tempfile.mkdtemp(prefix="slidegate-layers-"))
+    (work / "config").mkdir()
+    (work / "config" / "bench.yaml").write_text(CONFIG)
+    data = body(("sliding_window_log", "k1"), directory=work)
+    with private_redis() as (url, _):
+        servers: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
+        try:
+            for layer in LAYERS:
+                port = stack.free_port()
+                if layer == "bare":
+                    process = subprocess.Popen([sys.executable, str(HERE / "noop_server.py"), str(port), url])
+                elif layer == "serve":
+                    process = stack.start_slidegate(work / "config", port, redis_url=url,
+                                                    key_prefix=f"layers-{uuid.uuid4().hex[:6]}:",
+                                                    extra_args=("--log-level", "warning"))
+                else:
+                    process = subprocess.Popen([sys.executable, "-m", "bench.layers", "--serve", layer, str(port),
+                                                str(work), url])
+                servers[layer] = (port, process)
+            for port, _ in servers.values():
+                listening(port)
+            rounds: dict[str, list[tuple[float, float]]] = {layer: [] for layer in LAYERS}
+            for number in range(options.rounds):
+                for layer, (port, process) in servers.items():
+                    watch = {"server": process.pid}
+                    h2load(port, data, 2000, 10, 10, watch)  # warm up (and, the first time, wait for it)
+                    load = h2load(port, data, options.requests, 10, 10, watch)
+                    if load.failed:
+                        sys.exit(f"{layer}: {load.failed} calls failed")
+                    rounds[layer].append((load.calls, load.loop_us))
+                print(f"round {number + 1}: " + ", ".join(f"{layer} {rounds[layer][-1][1]:.0f} µs"
+                                                         for layer in LAYERS), flush=True)
+        finally:
+            for _, process in servers.values():
+                stack.stop(process)
+    print("\n| layer | calls/s | loop µs | calls/s to bare | loop µs to bare | loop µs added by the layer |")
+    print("|---|---|---|---|---|---|")
+    previous = None
+    for layer in LAYERS:
+        calls = statistics.median(c for c, _ in rounds[layer])
+        loop_us = statistics.median(u for _, u in rounds[layer])
+        to_bare = [(c / b[0], u / b[1]) for (c, u), b in zip(rounds[layer], rounds["bare"], strict=True)]
+        added = "" if previous is None else f"{loop_us - previous:+.0f}"
+        print(f"| {layer} | {calls:,.0f} | {loop_us:.0f} | {statistics.median(c for c, _ in to_bare):.2f} | "
+              f"{statistics.median(u for _, u in to_bare):.2f} | {added} |")
+        previous = loop_us
+
+
+if __name__ == "__main__":
+    main()
