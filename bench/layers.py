@@ -17,6 +17,9 @@ The layers, each adding to the one before:
 - ``limiter``: the Limiter's decision (the over-limit cache, statuses, failure modes) and slidegate's response.
 - ``service``: RateLimitService.should_rate_limit, the whole decision (metrics, the outage log).
 - ``serve``: `slidegate serve` itself (health, reflection, the heap keeper, the quota service beside it).
+
+h2load counts a gRPC error as a success, so each layer's calls are counted again in Redis (each one decided is a
+hit in its own key's log) and a layer that answered fewer stops the run.
 """
 
 from __future__ import annotations
@@ -34,15 +37,18 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import redis
 import uvloop
 
 from bench.run import body, h2load, private_redis
 from slidegate import stack
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
+from slidegate.algorithms import Algorithm
 from slidegate.application import build
 from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.redis import RedisBackend
 from slidegate.backends.redis_wire import WireConnection
+from slidegate.keys import limit_key
 from slidegate.service import Prepared, Request, build_response, parse_request
 from slidegate.settings import Settings
 
@@ -75,10 +81,10 @@ def response(admitted: bool, over: bool, remaining: int, reset_us: int,
     return answer
 
 
-async def serve_layer(layer: str, port: int, config_root: str, redis_url: str) -> None:
+async def serve_layer(layer: str, port: int, config_root: str, redis_url: str, key_prefix: str) -> None:
     """Serve ``layer`` (one of LAYERS but bare and serve) on ``port`` until killed."""
     settings = Settings.load({"RUNTIME_ROOT": config_root, "RUNTIME_SUBDIRECTORY": "", "RUNTIME_WATCH_ROOT": "false",
-                              "REDIS_URL": redis_url, "CACHE_KEY_PREFIX": f"layers-{uuid.uuid4().hex[:6]}:"})
+                              "REDIS_URL": redis_url, "CACHE_KEY_PREFIX": key_prefix})
     app = build(settings)
     service, limiter = app.service, app.limiter
     backend = app.backend._backend if isinstance(app.backend, OverLimitCache) else app.backend
@@ -143,12 +149,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=20_000)
-    parser.add_argument("--serve", nargs=4, metavar=("LAYER", "PORT", "CONFIG_ROOT", "REDIS_URL"),
+    parser.add_argument("--serve", nargs=5, metavar=("LAYER", "PORT", "CONFIG_ROOT", "REDIS_URL", "KEY_PREFIX"),
                         help=argparse.SUPPRESS)  # a layer's server, started by this script itself
     options = parser.parse_args()
     if options.serve:
-        layer, port, root, url = options.serve
-        uvloop.run(serve_layer(layer, int(port), root, url))
+        layer, port, root, url, prefix = options.serve
+        uvloop.run(serve_layer(layer, int(port), root, url, prefix))
         return
     work = Path(tempfile.mkdtemp(prefix="slidegate-layers-"))
     (work / "config").mkdir()
@@ -156,18 +162,18 @@ def main() -> None:
     data = body(("sliding_window_log", "k1"), directory=work)
     with private_redis() as (url, _):
         servers: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
+        prefixes = {layer: f"layers-{layer}-{uuid.uuid4().hex[:6]}:" for layer in LAYERS}
         try:
             for layer in LAYERS:
                 port = stack.free_port()
                 if layer == "bare":
                     process = subprocess.Popen([sys.executable, str(HERE / "noop_server.py"), str(port), url])
                 elif layer == "serve":
-                    process = stack.start_slidegate(work / "config", port, redis_url=url,
-                                                    key_prefix=f"layers-{uuid.uuid4().hex[:6]}:",
+                    process = stack.start_slidegate(work / "config", port, redis_url=url, key_prefix=prefixes[layer],
                                                     extra_args=("--log-level", "warning"))
                 else:
                     process = subprocess.Popen([sys.executable, "-m", "bench.layers", "--serve", layer, str(port),
-                                                str(work), url])
+                                                str(work), url, prefixes[layer]])
                 servers[layer] = (port, process)
             for port, _ in servers.values():
                 listening(port)
@@ -182,6 +188,16 @@ def main() -> None:
                     rounds[layer].append((load.calls, load.loop_us))
                 print(f"round {number + 1}: " + ", ".join(f"{layer} {rounds[layer][-1][1]:.0f} µs"
                                                          for layer in LAYERS), flush=True)
+            # h2load counts a gRPC error as a success: each layer's answers are checked in Redis, where each call
+            # it decided is one hit in its own key's log (the bare server's key is its own)
+            with redis.Redis.from_url(url) as client:
+                for layer in LAYERS[1:]:
+                    key = limit_key(prefixes[layer], Algorithm.SLIDING_WINDOW_LOG.value, "bench",
+                                    [("sliding_window_log", "k1")])
+                    counted = client.zcard(key)
+                    if counted != options.rounds * (2000 + options.requests):
+                        sys.exit(f"{layer}: {counted} calls counted in Redis, "
+                                 f"{options.rounds * (2000 + options.requests)} sent")
         finally:
             for _, process in servers.values():
                 stack.stop(process)

@@ -484,21 +484,22 @@ def main() -> None:
             uris.write_text("".join(f"http://127.0.0.1:{listener}/k{i}\n" for i in range(keys)))
             bucket_uris = work / "bucket-uris"
             bucket_uris.write_text("".join(f"http://127.0.0.1:{listener}/k{i}\n" for i in range(RLQS_BUCKETS)))
-            for name, config, paths, rls_pid in (
-                ("Envoy, no rate-limit filter", envoy_config(listener, admin, None), uris, None),
-                ("Envoy + filter, no-op handler", envoy_config(listener, admin, noop_port), uris, noop.pid),
+            # (row, Envoy's config, its paths, the RLS's pid, whether each request is one ShouldRateLimit call to
+            # slidegate, under its limit: its counters are checked)
+            for name, config, paths, rls_pid, asks in (
+                ("Envoy, no rate-limit filter", envoy_config(listener, admin, None), uris, None, False),
+                ("Envoy + filter, no-op handler", envoy_config(listener, admin, noop_port), uris, noop.pid, False),
                 (f"Envoy + filter, slidegate, {keys:,} keys", envoy_config(listener, admin, sg_port), uris,
-                 slidegate.pid),
+                 slidegate.pid, True),
                 (f"Envoy + RLQS (rate_limit_quota filter), slidegate, {RLQS_BUCKETS} buckets",
-                 rlqs_envoy_config(listener, admin, sg_port, "path"), bucket_uris, slidegate.pid),
+                 rlqs_envoy_config(listener, admin, sg_port, "path"), bucket_uris, slidegate.pid, False),
                 (f"Envoy + RLQS, slidegate, {RLQS_BUCKETS} buckets over quota",
-                 rlqs_envoy_config(listener, admin, sg_port, "hot"), bucket_uris, slidegate.pid),
+                 rlqs_envoy_config(listener, admin, sg_port, "hot"), bucket_uris, slidegate.pid, False),
             ):
                 envoy = stack.start_envoy(config, admin)
                 try:
                     envoy_watch = {"envoy": envoy.pid, "server": rls_pid or envoy.pid, "redis": watch["redis"]}
                     h2load_envoy(listener, paths, min(n, 2000), envoy_watch)  # warm up
-                    asks = "filter, slidegate" in name  # the RLS rows: one call per request, under its limit
                     before = counters(sg_debug) if asks else {}
                     through_envoy[name] = median_load([h2load_envoy(listener, paths, n, envoy_watch)
                                                        for _ in range(repeat)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 
+import slidegate.backends.redis
 from slidegate.backends.base import BackendUnavailable, Check
 from slidegate.backends.batching import Batcher
 from slidegate.backends.deadlines import COMPACT_AT, GRANULARITY, Deadlines
@@ -592,39 +594,64 @@ async def test_a_start_that_raises_fails_its_batch_and_frees_its_place() -> None
 
 
 async def test_a_lone_request_is_packed_once_and_only_its_own_checks_reuse_the_bytes(
-        redis_url: str, key_prefix: str) -> None:
+        redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    packed: list[tuple[str | int, ...]] = []
+
+    def counted(command: tuple[str | int, ...]) -> bytes:
+        if command[0] == "EVALSHA":
+            packed.append(command)
+        return pack(command)
+
+    pack = slidegate.backends.redis._pack
+    monkeypatch.setattr("slidegate.backends.redis._pack", counted)
     backend = RedisBackend(redis_url)
     try:
         await backend.ping()  # a connection idle: each call below goes alone, without a task
         mine = (Check(f"{key_prefix}mine", 100, 60_000_000, 1),)
         other = (Check(f"{key_prefix}other", 100, 60_000_000, 1),)
         assert [(await backend.decide(mine)).outcomes[0].remaining for _ in range(3)] == [99, 98, 97]
-        assert list(backend._packed) == [id(mine)]
+        assert len(packed) == 1
         # an entry found under another request's id (its checks freed and the id reused) is not its bytes
         backend._packed[id(other)] = backend._packed.pop(id(mine))
         assert (await backend.decide(other)).outcomes[0].remaining == 99
         assert (await backend.decide(mine)).outcomes[0].remaining == 96
+        assert len(packed) == 3
+        # a list may be refilled under the same identity: never kept
+        refilled = [Check(f"{key_prefix}first", 100, 60_000_000, 1)]
+        assert (await backend.decide(refilled)).outcomes[0].remaining == 99
+        refilled[0] = Check(f"{key_prefix}second", 100, 60_000_000, 5)
+        assert (await backend.decide(refilled)).outcomes[0].remaining == 95
         with redis.Redis.from_url(redis_url) as admin:
-            assert len(admin.keys(f"{key_prefix}*")) == 2
+            assert len(admin.keys(f"{key_prefix}*")) == 4
     finally:
         await backend.close()
 
 
 async def test_packed_requests_are_bounded_in_number_and_bytes(
         redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("slidegate.backends.redis.PACKED_CALLS", 4)
-    monkeypatch.setattr("slidegate.backends.redis.PACKED_BYTES", 64 * 1024)
     backend = RedisBackend(redis_url)
     try:
         await backend.ping()
-        requests = [(Check(f"{key_prefix}k{i}", 100, 60_000_000, 1),) for i in range(10)]
-        for checks in requests:
-            assert (await backend.decide(checks)).outcomes[0].remaining == 99
+        monkeypatch.setattr("slidegate.backends.redis.PACKED_CALLS", 4)
+        for i in range(10):
+            assert (await backend.decide((Check(f"{key_prefix}k{i}", 100, 60_000_000, 1),))).outcomes[0].remaining == 99
             assert len(backend._packed) <= 4
-        # a call larger than a 64th of the bytes is sent and not kept
+        # bytes: calls of about 200 bytes each (under a 64th of 19,200) fill the bytes before the number
+        monkeypatch.setattr("slidegate.backends.redis.PACKED_CALLS", 1000)
+        monkeypatch.setattr("slidegate.backends.redis.PACKED_BYTES", 64 * 300)
+        kept = []
+        for i in range(200):
+            checks = (Check(f"{key_prefix}{'b' * 60}{i}", 100, 60_000_000, 1),)
+            assert (await backend.decide(checks)).outcomes[0].remaining == 99
+            assert 0 < backend._packed_bytes <= 64 * 300
+            kept.append(len(backend._packed))
+        emptied = [n for n, (was, now) in enumerate(itertools.pairwise(kept)) if now < was]
+        assert max(kept) > 50 and emptied and all(kept[n] < 1000 for n in emptied)  # by bytes, not by number
+        # a call larger than a 64th of the bytes is sent, not kept, and does not empty the rest
+        before = dict(backend._packed)
         large = tuple(Check(f"{key_prefix}{'x' * 200}{i}", 100, 60_000_000, 1) for i in range(8))
         assert all(o.remaining == 99 for o in (await backend.decide(large)).outcomes)
-        assert id(large) not in backend._packed and backend._packed_bytes <= 64 * 1024
+        assert backend._packed == before
     finally:
         await backend.close()
 
@@ -638,3 +665,19 @@ async def test_with_expiration_jitter_no_call_is_kept(redis_url: str, key_prefix
         assert backend._packed == {}  # each call carries its own random jitter
     finally:
         await backend.close()
+
+
+async def test_an_item_sent_alone_whose_start_raises_fails_and_frees_its_place() -> None:
+    recorder = Recorder()
+    recorder.release.set()
+    failing = [True]
+
+    def start(items: list[int]) -> asyncio.Future[Sequence[int | Exception]] | None:
+        if failing.pop() if failing else False:
+            raise RuntimeError("a bug in start")
+        return None
+
+    batcher = Batcher(recorder.send, max_in_flight=1, start=start)
+    with pytest.raises(RuntimeError, match="a bug in start"):
+        await asyncio.wait_for(batcher.submit(1), 1)
+    assert await asyncio.wait_for(batcher.submit(2), 1) == 20  # its place was given back

@@ -171,9 +171,9 @@ class RedisBackend:
             self._master = SentinelMaster(self._client)
         self._role_refused = False  # an ACL without ROLE: the Sentinel master's health ping is a PING
         self._idle: list[WireConnection] = []
-        # id(checks) -> (checks, whether undoable, the packed call): see PACKED_CALLS; the checks are held, so that
-        # their id names them as long as the entry lives
-        self._packed: dict[int, tuple[Sequence[Check], bool, bytes]] = {}
+        # id(checks) -> (checks, the packed call): see PACKED_CALLS; the checks are held, so that their id names them
+        # as long as the entry lives
+        self._packed: dict[int, tuple[Sequence[Check], bytes]] = {}
         self._packed_bytes = 0
         self._idle_loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
@@ -389,18 +389,23 @@ class RedisBackend:
         return batch
 
     def _lone_call(self, request: _Request) -> bytes:
-        """The packed script call deciding ``request`` alone, with Redis's clock and no jitter (the same bytes every
-        time: see PACKED_CALLS)."""
+        """The packed script call deciding ``request`` alone, with Redis's clock and no jitter: kept (see
+        PACKED_CALLS) when its checks are a tuple, which cannot change under the same identity (a plan's; a list a
+        caller refills would be sent with its old bytes), and it cannot be undone (a part of a request spanning
+        several Redis, whose checks are made anew each call)."""
         checks, _, undoable = request
-        entry = self._packed.get(id(checks))
-        if entry is not None and entry[0] is checks and entry[1] is undoable:
-            return entry[2]
+        keep = type(checks) is tuple and not undoable
+        if keep:
+            entry = self._packed.get(id(checks))
+            if entry is not None and entry[0] is checks:
+                return entry[1]
         keys, args = self._script_args([request])
         packed = _pack(self._script_call(keys, args))
-        if len(self._packed) >= PACKED_CALLS or self._packed_bytes + len(packed) > PACKED_BYTES:
-            self._packed, self._packed_bytes = {}, 0
-        if len(packed) <= PACKED_BYTES // 64:  # a request of hundreds of limits is rare, and would crowd the rest out
-            self._packed[id(checks)] = (checks, undoable, packed)
+        # a request of hundreds of limits is rare, and would crowd the rest out
+        if keep and len(packed) <= PACKED_BYTES // 64:
+            if len(self._packed) >= PACKED_CALLS or self._packed_bytes + len(packed) > PACKED_BYTES:
+                self._packed, self._packed_bytes = {}, 0
+            self._packed[id(checks)] = (checks, packed)
             self._packed_bytes += len(packed)
         return packed
 
