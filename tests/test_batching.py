@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
+import gc
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
 import slidegate.backends.redis
-from slidegate.backends.base import BackendUnavailable, Check
+from slidegate.backends.base import BackendUnavailable, Check, Checks
 from slidegate.backends.batching import Batcher
 from slidegate.backends.deadlines import COMPACT_AT, GRANULARITY, Deadlines
 from slidegate.backends.permits import Permits
 from slidegate.backends.redis import RedisBackend
+from slidegate.config import load_directory
+from slidegate.limiter import Descriptor, Limiter, LimiterOptions
 from tests.redis_servers import RedisServer
 
 
@@ -593,7 +597,7 @@ async def test_a_start_that_raises_fails_its_batch_and_frees_its_place() -> None
     assert await asyncio.wait_for(batcher.submit(4), 1) == 40
 
 
-async def test_a_lone_request_is_packed_once_and_only_its_own_checks_reuse_the_bytes(
+async def test_a_lone_request_is_packed_once_on_its_plans_checks_and_only_for_them(
         redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
     packed: list[tuple[str | int, ...]] = []
 
@@ -604,54 +608,51 @@ async def test_a_lone_request_is_packed_once_and_only_its_own_checks_reuse_the_b
 
     pack = slidegate.backends.redis._pack
     monkeypatch.setattr("slidegate.backends.redis._pack", counted)
-    backend = RedisBackend(redis_url)
+    backend, another = RedisBackend(redis_url), RedisBackend(redis_url)
     try:
         await backend.ping()  # a connection idle: each call below goes alone, without a task
-        mine = (Check(f"{key_prefix}mine", 100, 60_000_000, 1),)
-        other = (Check(f"{key_prefix}other", 100, 60_000_000, 1),)
+        await another.ping()
+        mine = Checks((Check(f"{key_prefix}mine", 100, 60_000_000, 1),))
         assert [(await backend.decide(mine)).outcomes[0].remaining for _ in range(3)] == [99, 98, 97]
-        assert len(packed) == 1
-        # an entry found under another request's id (its checks freed and the id reused) is not its bytes
-        backend._packed[id(other)] = backend._packed.pop(id(mine))
-        assert (await backend.decide(other)).outcomes[0].remaining == 99
-        assert (await backend.decide(mine)).outcomes[0].remaining == 96
-        assert len(packed) == 3
-        # a list may be refilled under the same identity: never kept
+        assert len(packed) == 1 and mine.packed is not None and mine.packed[0] is backend
+        # another backend (say REDIS_PERSECOND's) packs its own
+        assert (await another.decide(mine)).outcomes[0].remaining == 96
+        assert len(packed) == 2
+        # checks that may change under the same identity, or that no plan holds: packed every time
         refilled = [Check(f"{key_prefix}first", 100, 60_000_000, 1)]
         assert (await backend.decide(refilled)).outcomes[0].remaining == 99
         refilled[0] = Check(f"{key_prefix}second", 100, 60_000_000, 5)
         assert (await backend.decide(refilled)).outcomes[0].remaining == 95
+        plain = (Check(f"{key_prefix}plain", 100, 60_000_000, 1),)
+        assert [(await backend.decide(plain)).outcomes[0].remaining for _ in range(2)] == [99, 98]
+        assert len(packed) == 6
         with redis.Redis.from_url(redis_url) as admin:
             assert len(admin.keys(f"{key_prefix}*")) == 4
     finally:
         await backend.close()
+        await another.close()
 
 
-async def test_packed_requests_are_bounded_in_number_and_bytes(
-        redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_plans_checks_keep_their_packed_call_and_nothing_else_does(
+        write_config: Callable[..., Path], redis_url: str, key_prefix: str) -> None:
+    config = load_directory(write_config(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10}\n"))
     backend = RedisBackend(redis_url)
+    limiter = Limiter(lambda: config, backend, LimiterOptions(key_prefix=key_prefix))
     try:
         await backend.ping()
-        monkeypatch.setattr("slidegate.backends.redis.PACKED_CALLS", 4)
-        for i in range(10):
-            assert (await backend.decide((Check(f"{key_prefix}k{i}", 100, 60_000_000, 1),))).outcomes[0].remaining == 99
-            assert len(backend._packed) <= 4
-        # bytes: calls of about 200 bytes each (under a 64th of 19,200) fill the bytes before the number
-        monkeypatch.setattr("slidegate.backends.redis.PACKED_CALLS", 1000)
-        monkeypatch.setattr("slidegate.backends.redis.PACKED_BYTES", 64 * 300)
-        kept = []
-        for i in range(200):
-            checks = (Check(f"{key_prefix}{'b' * 60}{i}", 100, 60_000_000, 1),)
-            assert (await backend.decide(checks)).outcomes[0].remaining == 99
-            assert 0 < backend._packed_bytes <= 64 * 300
-            kept.append(len(backend._packed))
-        emptied = [n for n, (was, now) in enumerate(itertools.pairwise(kept)) if now < was]
-        assert max(kept) > 50 and emptied and all(kept[n] < 1000 for n in emptied)  # by bytes, not by number
-        # a call larger than a 64th of the bytes is sent, not kept, and does not empty the rest
-        before = dict(backend._packed)
-        large = tuple(Check(f"{key_prefix}{'x' * 200}{i}", 100, 60_000_000, 1) for i in range(8))
-        assert all(o.remaining == 99 for o in (await backend.decide(large)).outcomes)
-        assert backend._packed == before
+        plan = limiter.prepare("d", [Descriptor((("k", "v"),))])
+        checks = plan.checks
+        assert isinstance(checks, Checks)
+        assert checks.packed is None
+        held = sys.getrefcount(checks)
+        for expected in (9, 8):
+            statuses = await limiter.decide(plan)
+            assert statuses[0].remaining == expected
+        gc.collect()
+        references = sys.getrefcount(checks)  # before an assertion's own references to them
+        assert references == held  # the backend holds nothing of them: they are freed with the plan
+        assert checks.packed is not None and checks.packed[0] is backend
     finally:
         await backend.close()
 
@@ -660,9 +661,9 @@ async def test_with_expiration_jitter_no_call_is_kept(redis_url: str, key_prefix
     backend = RedisBackend(redis_url, expiry_jitter=5)
     try:
         await backend.ping()
-        checks = (Check(f"{key_prefix}jittered", 100, 60_000_000, 1),)
+        checks = Checks((Check(f"{key_prefix}jittered", 100, 60_000_000, 1),))
         assert [(await backend.decide(checks)).outcomes[0].remaining for _ in range(2)] == [99, 98]
-        assert backend._packed == {}  # each call carries its own random jitter
+        assert checks.packed is None  # each call carries its own random jitter
     finally:
         await backend.close()
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from slidegate.algorithms import MAX_WINDOW_SECONDS, Algorithm
-from slidegate.backends.base import Backend, BackendUnavailable, Check, DeadlineExceeded, Decision, Outcome
+from slidegate.backends.base import Backend, BackendUnavailable, Check, Checks, DeadlineExceeded, Decision, Outcome
 from slidegate.backends.memory import MemoryBackend
 from slidegate.config.model import Config, DescriptorNode, RateLimit
 from slidegate.failure_modes import FailureMode
@@ -201,7 +201,7 @@ class Limiter:
                 shadow=status.shadow or self._options.shadow_mode, quota=status.quota and not self._options.shadow_mode,
             ))
             counted.append(index)
-        return Plan(config, domain, tuple(statuses), tuple(checks), tuple(counted))
+        return Plan(config, domain, tuple(statuses), Checks(checks), tuple(counted))
 
     @property
     def shadow_mode(self) -> bool:

@@ -66,6 +66,14 @@ class Check:
         return RULES[self.algorithm].counts_denied(self.stop_when_over)
 
 
+class Checks(tuple[Check, ...]):
+    """A plan's checks (slidegate.limiter): one tuple for every call of a request the service remembers, on which
+    the storage keeps what it made of them (``packed``: the backend that packed their script call, and the call),
+    so that it lives and is freed with the remembered request."""
+
+    packed: tuple[object, bytes] | None = None
+
+
 class Mode(Protocol):
     """How a limit's being over counts (a Check, or the limiter's Status of one)."""
 

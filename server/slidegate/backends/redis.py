@@ -59,7 +59,7 @@ from redis.exceptions import (
 )
 
 from slidegate.algorithms import Algorithm
-from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded, Decision, Outcome, admits
+from slidegate.backends.base import BackendUnavailable, Check, Checks, DeadlineExceeded, Decision, Outcome, admits
 from slidegate.backends.batching import Batcher
 from slidegate.backends.breaker import Breaker
 from slidegate.backends.deadlines import LoopWatch
@@ -82,12 +82,6 @@ _Request = tuple[Sequence[Check], str | int, bool]
 # Limits one script call decides at most for a batch of requests (a larger request goes alone): eight callers'
 # requests of 1,000 descriptors in one call outlasted REDIS_TIMEOUT, and every request batched with them failed
 MAX_BATCH_CHECKS = 256
-# A request that goes to Redis alone (under gRPC load nearly every one: a call finds a place free and nothing waiting)
-# is packed once and its bytes kept by the identity of its checks, which a remembered request's plan carries to
-# every call (slidegate.service): building and packing its arguments again cost a call about 10 µs. Bounded in
-# entries and bytes, and forgotten all at once when full, as the remembered requests are.
-PACKED_CALLS = 10_000
-PACKED_BYTES = 4 * 1024 * 1024
 # What a Redis that fails or cannot be reached raises, through redis-py or our own connections (TimeoutError, an
 # OSError: no answer in time). Each becomes BackendUnavailable, in RedisBackend._unavailable, and nothing else
 # does: any other exception is a bug and goes up as itself.
@@ -171,10 +165,6 @@ class RedisBackend:
             self._master = SentinelMaster(self._client)
         self._role_refused = False  # an ACL without ROLE: the Sentinel master's health ping is a PING
         self._idle: list[WireConnection] = []
-        # id(checks) -> (checks, the packed call): see PACKED_CALLS; the checks are held, so that their id names them
-        # as long as the entry lives
-        self._packed: dict[int, tuple[Sequence[Check], bytes]] = {}
-        self._packed_bytes = 0
         self._idle_loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         # a cluster's requests span slots: only one Redis (or Sentinel's master) takes batches of requests
@@ -389,24 +379,19 @@ class RedisBackend:
         return batch
 
     def _lone_call(self, request: _Request) -> bytes:
-        """The packed script call deciding ``request`` alone, with Redis's clock and no jitter: kept (see
-        PACKED_CALLS) when its checks are a tuple, which cannot change under the same identity (a plan's; a list a
-        caller refills would be sent with its old bytes), and it cannot be undone (a part of a request spanning
-        several Redis, whose checks are made anew each call)."""
+        """The packed script call deciding ``request`` alone, with Redis's clock and no jitter. A request that goes
+        to Redis alone (under gRPC load nearly every one: a call finds a place free and nothing waiting) is the
+        same call every time, and building and packing its arguments again cost a call about 10 µs: kept on its
+        plan's checks (base.Checks), and so freed with the request the service remembers, never on checks that
+        can change (a caller's list) or are made anew each call (a part of a request spanning several Redis)."""
         checks, _, undoable = request
-        keep = type(checks) is tuple and not undoable
-        if keep:
-            entry = self._packed.get(id(checks))
-            if entry is not None and entry[0] is checks:
-                return entry[1]
+        kept = checks.packed if type(checks) is Checks and not undoable else None
+        if kept is not None and kept[0] is self:
+            return kept[1]
         keys, args = self._script_args([request])
         packed = _pack(self._script_call(keys, args))
-        # a request of hundreds of limits is rare, and would crowd the rest out
-        if keep and len(packed) <= PACKED_BYTES // 64:
-            if len(self._packed) >= PACKED_CALLS or self._packed_bytes + len(packed) > PACKED_BYTES:
-                self._packed, self._packed_bytes = {}, 0
-            self._packed[id(checks)] = (checks, packed)
-            self._packed_bytes += len(packed)
+        if type(checks) is Checks and not undoable:
+            checks.packed = (self, packed)
         return packed
 
     def _script_call(self, keys: list[str], args: list[str | int]) -> tuple[str | int, ...]:
