@@ -43,8 +43,15 @@ class Served:
         return rls_pb2_grpc.RateLimitServiceStub(grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}"))
 
     def output(self) -> str:
-        self.log.seek(0)
-        return str(self.log.read().decode(errors="replace"))
+        return read_log(self.log)
+
+
+def read_log(handle: Any) -> str:
+    """Everything a child process wrote so far to ``handle``, its stdout. Read at an offset of its own: the child
+    writes through the same open file, so moving the file's offset (seek) made its next lines overwrite its first
+    ones (a start-up warning a test looked for was gone)."""
+    size = os.fstat(handle.fileno()).st_size
+    return os.pread(handle.fileno(), size, 0).decode(errors="replace")
 
 
 class Starter:

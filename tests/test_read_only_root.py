@@ -25,7 +25,7 @@ import pytest
 from slidegate import stack
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from tests.helpers import descriptor, request
-from tests.served import Served
+from tests.served import Served, read_log
 
 CONFIG = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
 # root without capabilities: CAP_DAC_OVERRIDE gone, a 0555 directory is not writable to it either
@@ -68,8 +68,7 @@ def _get(port: int, path: str) -> tuple[int, str]:
 
 
 def _output(log: Any) -> str:
-    log.seek(0)
-    return str(log.read().decode(errors="replace"))
+    return read_log(log)
 
 
 def test_one_worker_serves_with_nothing_writable(place: Path, redis_url: str, key_prefix: str) -> None:

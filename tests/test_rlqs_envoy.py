@@ -32,6 +32,7 @@ import redis
 
 from slidegate import stack, upstream
 from slidegate.quotas.ledger import SLACK_MS, TTL_MS
+from tests.served import read_log
 
 DOMAIN = "rlqs_e2e"
 LIMIT = 5  # per minute, every user without a rule of their own
@@ -125,8 +126,7 @@ class Stack:
     def output(self) -> str:
         parts = []
         for name, handle in self.logs:
-            handle.seek(0)
-            parts.append(f"--- {name}\n{handle.read().decode(errors='replace')[-3000:]}")
+            parts.append(f"--- {name}\n{read_log(handle)[-3000:]}")
         return "\n".join(parts)
 
     def close(self) -> None:
