@@ -1,9 +1,12 @@
-"""Where a call's cost goes, layer by layer: one gRPC server (grpc.aio + uvloop, as `slidegate serve`) answering
-one-descriptor requests (sliding-window log) with more of slidegate's path each time, all driven by h2load
--c 10 -m 10 in alternating rounds on one private Redis; event-loop CPU per call and calls/s, each round's as a
-ratio to the bare round trip's of the same round, then the median.
+"""Where a call's event-loop CPU goes, layer by layer, from the bare round trip to `slidegate serve`.
 
-    apt-get install nghttp2-client      # h2load
+One gRPC server (grpc.aio + uvloop, as `slidegate serve`) per layer answers one-descriptor requests
+(sliding-window log) with more of slidegate's path each time, all driven by h2load -c 10 -m 10 in alternating
+rounds (2,000 warm-up calls, then --requests) on one private redis-server (or REDIS_URL); event-loop CPU per
+call and calls/s, each round's as a ratio to the bare round trip's of the same round, then the median. It
+prints a line per round, then the table.
+
+    apt-get install nghttp2-client redis-server   # h2load, redis-server
     python -m bench.layers [--rounds 5] [--requests 20000]   # from the root
 
 The layers, each adding to the one before:
@@ -25,6 +28,7 @@ hit in its own key's log) and a layer that answered fewer stops the run.
 from __future__ import annotations
 
 import argparse
+import shutil
 import socket
 import statistics
 import subprocess
@@ -147,8 +151,9 @@ def listening(port: int, timeout: float = 20.0) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    parser.add_argument("--requests", type=int, default=20_000,
+                        help="calls per layer per round, after 2,000 to warm up (default 20000)")
     parser.add_argument("--serve", nargs=5, metavar=("LAYER", "PORT", "CONFIG_ROOT", "REDIS_URL", "KEY_PREFIX"),
                         help=argparse.SUPPRESS)  # a layer's server, started by this script itself
     options = parser.parse_args()
@@ -201,6 +206,7 @@ def main() -> None:
         finally:
             for _, process in servers.values():
                 stack.stop(process)
+            shutil.rmtree(work, ignore_errors=True)
     print("\n| layer | calls/s | loop µs | calls/s to bare | loop µs to bare | loop µs added by the layer |")
     print("|---|---|---|---|---|---|")
     previous = None
