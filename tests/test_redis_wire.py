@@ -140,3 +140,26 @@ async def test_a_connection_redis_closed_before_it_was_taken_over_is_refused() -
         await client.aclose()
     finally:
         server.stop()
+
+
+async def test_a_callback_that_raises_leaves_the_replies_after_it_in_step(redis_url: str, key_prefix: str) -> None:
+    wire = await _wire(redis_url)
+    loop = asyncio.get_running_loop()
+    reported: list[BaseException] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context["exception"]))
+    told: list[tuple[object, object]] = []
+
+    def broken(replies: object, error: object) -> None:
+        told.append((replies, error))
+        raise RuntimeError("a caller's bug")
+
+    try:
+        key = f"{key_prefix}callback"
+        wire.send(_pack(("INCR", key)), broken)
+        assert await wire.call(_pack(("INCR", key))) == [2]  # read in its turn, after the reply that broke
+        assert told == [([1], None)] and [type(e) for e in reported] == [RuntimeError]
+    finally:
+        loop.set_exception_handler(None)
+        await wire.aclose()
+    wire.send(_pack(("PING",)), lambda replies, error: told.append((replies, error)))  # closed: told at once
+    assert told[1][0] is None and isinstance(told[1][1], RedisConnectionError)

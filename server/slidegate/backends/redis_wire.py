@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import hiredis
@@ -23,17 +25,22 @@ from redis.exceptions import InvalidResponse
 CLOSED = "Connection closed by server."  # redis-py's words for it
 
 
+# told a call's replies (a list, in order) or why there are none (the connection failed), never both
+Answered = Callable[[list[Any] | None, Exception | None], None]
+
+
 class WireConnection(asyncio.Protocol):
-    """One connection to one Redis (``host``, ``port``: where redis-py connected). ``call`` writes a packed
-    command (or several, pipelined) and returns a future of their replies; a reply that is an error is a
-    ResponseError in that list, not raised, so that the replies after it are still read. A connection that is
-    lost fails every call still waiting with ConnectionError (a RedisError, as redis-py's)."""
+    """One connection to one Redis (``host``, ``port``: where redis-py connected). ``send`` writes a packed
+    command (or several, pipelined) and tells a callback their replies as soon as they are read; ``call`` does
+    the same for a caller that awaits them. A reply that is an error is a ResponseError in that list, not
+    raised, so that the replies after it are still read. A connection that is lost fails every call still
+    waiting with ConnectionError (a RedisError, as redis-py's)."""
 
     def __init__(self, host: object, port: object) -> None:
         self.host = host
         self.port = port
         self._reader = hiredis.Reader(protocolError=InvalidResponse, replyError=BaseParser.parse_error)
-        self._waiting: deque[tuple[asyncio.Future[list[Any]], list[Any], int]] = deque()
+        self._waiting: deque[tuple[Answered, list[Any], int]] = deque()
         self._transport: Any = None  # uvloop's transports are not asyncio.Transport subclasses
         self._lost: asyncio.Future[None] | None = None
         self._writer: object = None
@@ -73,21 +80,19 @@ class WireConnection(asyncio.Protocol):
                 if not waiting:  # a reply no call asked for: the connection is out of step, and of no more use
                     self.close()
                     return
-                future, replies, expected = waiting[0]
+                answered, replies, expected = waiting[0]
                 replies.append(reply)
                 if len(replies) == expected:
-                    waiting.popleft()
-                    if not future.done():  # a caller cut off: its connection is closed, its replies dropped
-                        future.set_result(replies)
+                    waiting.popleft()  # first: the callback may write the next call on this connection
+                    _tell(answered, replies, None)
         except InvalidResponse as exc:  # not the Redis protocol: the calls waiting fail with redis-py's error
             self._fail(exc)
             self.close()
 
     def _fail(self, error: Exception) -> None:
         while self._waiting:
-            future, _, _ = self._waiting.popleft()
-            if not future.done():
-                future.set_exception(error)
+            answered, _, _ = self._waiting.popleft()
+            _tell(answered, None, error)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(RedisConnectionError(CLOSED if exc is None else f"{CLOSED} ({exc})"))
@@ -99,14 +104,21 @@ class WireConnection(asyncio.Protocol):
         """Whether the connection is closed or closing (by Redis, or by us): it takes no more calls."""
         return self._transport is None or self._transport.is_closing()
 
-    def call(self, packed: bytes, replies: int = 1) -> asyncio.Future[list[Any]]:
-        """Write ``packed`` (``replies`` commands); the future's result is their replies, in order."""
-        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+    def send(self, packed: bytes, answered: Answered, replies: int = 1) -> None:
+        """Write ``packed`` (``replies`` commands); ``answered`` is told their replies, in order, from the code that
+        reads them (no turn of the event loop in between: the hot path's reply goes straight to its caller), or
+        the error that ended the connection first (at once when it is closed already)."""
         if self.closed:
-            future.set_exception(RedisConnectionError(CLOSED))
-            return future
-        self._waiting.append((future, [], replies))
+            _tell(answered, None, RedisConnectionError(CLOSED))
+            return
+        self._waiting.append((answered, [], replies))
         self._transport.write(packed)
+
+    def call(self, packed: bytes, replies: int = 1) -> asyncio.Future[list[Any]]:
+        """``send`` for a caller that awaits: the future's result is the replies (cancelling it leaves the
+        connection in step: the replies are read and dropped)."""
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self.send(packed, partial(_settle, future), replies)
         return future
 
     def close(self) -> None:
@@ -119,3 +131,20 @@ class WireConnection(asyncio.Protocol):
         self.close()
         if self._lost is not None:
             await asyncio.shield(self._lost)
+
+
+def _tell(answered: Answered, replies: list[Any] | None, error: Exception | None) -> None:
+    try:
+        answered(replies, error)
+    except Exception as exc:  # a caller's bug must not leave the replies after it unread (out of step)
+        asyncio.get_running_loop().call_exception_handler({"message": "a Redis reply's callback failed",
+                                                           "exception": exc})
+
+
+def _settle(future: asyncio.Future[list[Any]], replies: list[Any] | None, error: Exception | None) -> None:
+    if future.done():  # a caller cut off: its replies are dropped
+        return
+    if replies is None:
+        future.set_exception(error or RedisConnectionError(CLOSED))
+    else:
+        future.set_result(replies)
