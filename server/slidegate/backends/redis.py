@@ -60,7 +60,7 @@ from redis.exceptions import (
 
 from slidegate.algorithms import Algorithm
 from slidegate.backends.base import BackendUnavailable, Check, Checks, DeadlineExceeded, Decision, Outcome, admits
-from slidegate.backends.batching import Batcher
+from slidegate.backends.batching import Batcher, Flight
 from slidegate.backends.breaker import Breaker
 from slidegate.backends.deadlines import LoopWatch
 from slidegate.backends.permits import Permits
@@ -215,7 +215,7 @@ class RedisBackend:
         bound = timeout if timeout is not None and caller_first else self._timeout
         try:
             if self._router is None:
-                decision = await self._batcher.submit((checks, clock, False), bound, grace=not caller_first)
+                decision = await self._batcher.send((checks, clock, False), bound, grace=not caller_first)
                 if not isinstance(decision, Decision):
                     raise TypeError("a request that cannot be undone is answered with a Decision")
                 return decision
@@ -343,22 +343,23 @@ class RedisBackend:
         args += self._jitter()
         return keys, args
 
-    def _start_many(self, requests: list[_Request]) -> asyncio.Future[Sequence[Decision | _Part | Exception]] | None:
+    def _start_many(self, requests: list[_Request], flight: Flight[Decision | _Part]) -> bool:
         """The common case of ``_decide_many``, without a task: the batch's script call written at once on an idle
-        connection, its answers handed over by a callback when the reply comes (the returned future; cancelling it
-        closes the connection). None when that is not the case, and ``_decide_many`` sends the batch: no idle
-        connection on this loop to use (one to make, or to drop), no permit free, REDIS_WAIT_REPLICAS, or several
-        clocks in one batch (tests' clocks only)."""
+        connection, its answers told to ``flight`` by ``_replied`` as soon as the reply is read (the Batcher cuts it
+        off by closing the connection). False when that is not the case, and ``_decide_many`` sends the batch: no
+        idle connection on this loop to use (one to make, or to drop), no permit free, REDIS_WAIT_REPLICAS, or
+        several clocks in one batch (tests' clocks only)."""
         loop = asyncio.get_running_loop()
         if self._started and self._started_loop is not loop:
             self._forget_started()
         if self._wait_replicas or not self._idle:
-            return None
+            return False
         connection = self._idle[-1]
         clock = requests[0][1]
         if (self._idle_loop is not loop or connection.closed or not self._current(connection)
-                or any(request[1] != clock for request in requests) or not self._permits.take_now()):
-            return None
+                or (len(requests) > 1 and any(request[1] != clock for request in requests))
+                or not self._permits.take_now()):
+            return False
         self._idle.pop()
         if len(requests) == 1 and clock == "" and not self._jitter_ms:
             packed = self._lone_call(requests[0])
@@ -369,14 +370,12 @@ class RedisBackend:
         self._asked[asking] = time.monotonic()
         self._started[asking] = self._started_loop = loop
         self._watch.watch(loop)
-        batch: asyncio.Future[Sequence[Decision | _Part | Exception]] = loop.create_future()
-        sent = connection.call(packed)
-        sent.add_done_callback(partial(self._replied, requests, connection, batch, asking))
         # cut off (no answer within the timeout): a late reply must never be read as the next call's. Only while
-        # the reply is awaited: once it came, the connection was given back (or closed) by _replied, and may be
-        # another batch's now
-        batch.add_done_callback(lambda done: connection.close() if done.cancelled() and not sent.done() else None)
-        return batch
+        # the reply is awaited: once it came, _replied gives the connection back (or closes it) and sets what
+        # cuts the batch off then
+        flight.cut = connection.close
+        connection.send(packed, partial(self._replied, requests, connection, flight, asking))
+        return True
 
     def _lone_call(self, request: _Request) -> bytes:
         """The packed script call deciding ``request`` alone, with Redis's clock and no jitter. A request that goes
@@ -410,48 +409,55 @@ class RedisBackend:
                 self._asked.pop(asking, None)
                 self._permits.give()
 
-    def _replied(self, requests: list[_Request], connection: WireConnection,
-                 batch: asyncio.Future[Sequence[Decision | _Part | Exception]], asking: int,
-                 sent: asyncio.Future[list[Any]]) -> None:
-        """The reply to a script call ``_start_many`` wrote (or the connection failed): ``batch``'s answers."""
+    def _replied(self, requests: list[_Request], connection: WireConnection, flight: Flight[Decision | _Part],
+                 asking: int, replies: list[Any] | None, error: Exception | None) -> None:
+        """The reply to a script call ``_start_many`` wrote (or the connection failed): ``flight``'s answers."""
         del self._started[asking]
         del self._asked[asking]
         self._permits.give()
-        if batch.done():
+        if flight.done():
             connection.close()  # cut off (closed already, or the reply came just before: not read as the next's)
             return
-        error = sent.exception()
         if error is not None:  # the connection broke: it says nothing of Redis (see _direct)
             connection.close()
-            batch.set_exception(error)
+            flight.landed(error)
             return
-        reply = sent.result()[0]
+        assert replies is not None
+        reply = replies[0]
         self._answered()  # an error reply too: Redis is there
         if self._closed or not self._current(connection):
             connection.close()
         else:
             self._idle.append(connection)
-        if isinstance(reply, NoScriptError) or (isinstance(reply, ReadOnlyError) and self._master is not None):
-            # nothing ran (see the module docstring): sent again the general way, with EVAL, or to the master
-            # the Sentinels name now (the once more: a second READONLY fails the batch, as in _execute)
-            if isinstance(reply, ReadOnlyError) and self._master is not None:
-                self._master.demoted(connection)
-            again = asyncio.ensure_future(self._decide_many(requests, told=reply))
-            self._resending.add(again)  # the loop keeps only weak references to tasks
-            again.add_done_callback(self._resending.discard)
-            again.add_done_callback(partial(_pass_on, batch))
-            # the batch cut off: its resend too (as a batch sent by _decide_many is), never sent once its callers
-            # were told it failed, nor holding a permit and a round trip past the batch's bound
-            batch.add_done_callback(lambda done: again.cancel() if done.cancelled() else None)
-        elif isinstance(reply, ResponseError):
-            batch.set_exception(reply)
-        else:
-            try:
-                answers = _read_answers(requests, reply, None)
-            except Exception as exc:  # a reply not of the script's shape: the callers hear of it, as from _decide_many
-                batch.set_exception(exc)
+        if isinstance(reply, ResponseError):
+            if isinstance(reply, NoScriptError) or (isinstance(reply, ReadOnlyError) and self._master is not None):
+                self._send_again(requests, flight, reply, connection)
             else:
-                batch.set_result(answers)
+                flight.landed(reply)
+            return
+        try:
+            # a request sent alone (under load nearly every call) read without _read_answers' loop
+            answers = ([_read_decision(reply, 0, len(requests[0][0]))] if len(requests) == 1 and not requests[0][2]
+                       else _read_answers(requests, reply, None))
+        except Exception as exc:  # a reply not of the script's shape: the callers hear of it, as from _decide_many
+            flight.landed(exc)
+        else:
+            flight.landed(answers)
+
+    def _send_again(self, requests: list[_Request], flight: Flight[Decision | _Part], reply: ResponseError,
+                    connection: WireConnection) -> None:
+        """Nothing ran (see the module docstring): ``requests`` sent again the general way, with EVAL, or to the
+        master the Sentinels name now (the once more: a second READONLY fails the batch, as in _execute)."""
+        if isinstance(reply, ReadOnlyError) and self._master is not None:
+            self._master.demoted(connection)
+        again = asyncio.ensure_future(self._decide_many(requests, told=reply))
+        self._resending.add(again)  # the loop keeps only weak references to tasks
+        again.add_done_callback(self._resending.discard)
+        again.add_done_callback(partial(_land, flight))
+        # the batch cut off: its resend too (as a batch sent by _decide_many is), never sent once its callers were
+        # told it failed, nor holding a permit and a round trip past the batch's bound; the connection given
+        # back may be another batch's now
+        flight.cut = again.cancel
 
     async def _decided(self, requests: list[_Request]) -> list[Decision]:
         """``_decide_many`` of requests that cannot be undone, where none can be unconfirmed (a cluster, or hits
@@ -827,10 +833,7 @@ def _read_answers(requests: Sequence[_Request], reply: list[int],
             answer, at = _read_part(reply, at, len(checks))
             decision = answer.decision
         else:
-            # positional: keywords cost each of a call's outcomes their parsing
-            outcomes = [Outcome(bool(reply[i]), int(reply[i + 1]), int(reply[i + 2]))
-                        for i in range(at + 1, at + 1 + 3 * len(checks), 3)]
-            answer = decision = Decision(bool(reply[at]), outcomes)
+            answer = decision = _read_decision(reply, at, len(checks))
             at += 1 + 3 * len(checks)
         # admitted with hits that a failover would lose
         if unconfirmed is not None and decision.admitted and any(c.hits > 0 for c in checks):
@@ -840,16 +843,21 @@ def _read_answers(requests: Sequence[_Request], reply: list[int],
     return answers
 
 
-def _pass_on(to: asyncio.Future[Any], done: asyncio.Future[Any]) -> None:
-    """What ``done`` came to, given to ``to`` (unless ``to`` was cancelled meanwhile)."""
-    if to.done():
-        return
+def _read_decision(reply: list[int], at: int, n: int) -> Decision:
+    """The decision of a request of ``n`` limits starting at ``reply[at]`` (lua/decide.lua: admitted, then three
+    values a limit), read positionally: keywords cost each of a call's outcomes their parsing."""
+    return Decision(bool(reply[at]), [Outcome(bool(reply[i]), int(reply[i + 1]), int(reply[i + 2]))
+                                      for i in range(at + 1, at + 1 + 3 * n, 3)])
+
+
+def _land(flight: Flight[Any], done: asyncio.Future[Any]) -> None:
+    """What ``done`` (a batch sent again) came to, told to ``flight``."""
     if done.cancelled():
-        to.cancel()
+        flight.landed(asyncio.CancelledError())
     elif (error := done.exception()) is not None:
-        to.set_exception(error)
+        flight.landed(error)
     else:
-        to.set_result(done.result())
+        flight.landed(done.result())
 
 
 def _read_part(reply: list[int], at: int, n: int) -> tuple[_Part, int]:
