@@ -15,8 +15,8 @@ The layers, each adding to the one before:
 - ``minimal``: slidegate's request looked up by its bytes, its script call packed once and written on one of the
   backend's own connections (slidegate.backends.redis_wire), the response built from the reply: the least
   slidegate's path does, with none of its bookkeeping.
-- ``backend``: the call decided by the Redis backend (natural batching, deadlines, breaker, permits, the
-  answers read), the response built from its decision as above.
+- ``backend``: the call decided by the Redis backend (natural batching, the batch's bound and the caller's,
+  breaker, permits, the answers read), the response built from its decision as above.
 - ``limiter``: the Limiter's decision (the over-limit cache, statuses, failure modes) and slidegate's response.
 - ``service``: RateLimitService.should_rate_limit, the whole decision (metrics, the outage log).
 - ``serve``: `slidegate serve` itself (health, reflection, the heap keeper, the quota service beside it).
@@ -71,14 +71,14 @@ Handler = Callable[[bytes, Any], Awaitable[rls_pb2.RateLimitResponse]]
 
 def response(admitted: bool, over: bool, remaining: int, reset_us: int,
              prepared: Prepared) -> rls_pb2.RateLimitResponse:
-    """The response to a one-descriptor request, field by field (as slidegate.service.build_response sets them)."""
-    answer = rls_pb2.RateLimitResponse(overall_code=OK if admitted else OVER_LIMIT)
-    status = answer.statuses.add(code=OVER_LIMIT if over else OK)
+    """The response to a one-descriptor request, filled in on its skeleton (as slidegate.service.build_response
+    fills a remembered request's)."""
+    assert prepared.skeleton is not None
+    answer = rls_pb2.RateLimitResponse.FromString(prepared.skeleton)
+    answer.overall_code = OK if admitted else OVER_LIMIT
+    status = answer.statuses[0]
+    status.code = OVER_LIMIT if over else OK
     status.limit_remaining = remaining
-    limit = prepared.plan.statuses[0].limit
-    assert limit is not None and limit.unit is not None
-    status.current_limit.requests_per_unit = limit.requests_per_unit
-    status.current_limit.unit = limit.unit.wire  # type: ignore[assignment]
     seconds, micros = divmod(reset_us, 1_000_000)
     status.duration_until_reset.seconds = seconds
     status.duration_until_reset.nanos = micros * 1000
@@ -100,7 +100,7 @@ async def serve_layer(layer: str, port: int, config_root: str, redis_url: str, k
         found = prepared.get(data)
         if found is None:
             domain, descriptors = parse_request(Request.FromString(data))
-            found = prepared[data] = service.prepare(domain, descriptors)
+            found = prepared[data] = service.prepare(domain, descriptors, skeleton=True)
         return found
 
     handler: Handler
@@ -125,7 +125,7 @@ async def serve_layer(layer: str, port: int, config_root: str, redis_url: str, k
         async def handler(data: bytes, context: Any) -> rls_pb2.RateLimitResponse:
             found = prepare(data)
             statuses = await limiter.decide(found.plan)
-            return build_response(found.plan.domain, found.descriptors, statuses)
+            return build_response(found.plan.domain, found.descriptors, statuses, skeleton=found.skeleton)
     else:
         handler = service.should_rate_limit
     server = grpc.aio.server()

@@ -1,14 +1,17 @@
 """The response headers (slidegate.headers) and the overall code (slidegate.service.build_response), on statuses
-made by hand: what a fractional wait becomes, and which descriptor decides."""
+made by hand: what a fractional wait becomes, and which descriptor decides; a response made from its request's
+skeleton is the one built anew."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from slidegate.config.model import RateLimit
 from slidegate.headers import ResponseHeaders
 from slidegate.limiter import Descriptor, Status
-from slidegate.service import AnswerOptions, build_response
+from slidegate.service import AnswerOptions, build_response, response_skeleton
 from slidegate.settings import Settings, SettingsError
 from slidegate.units import Unit
 from tests.helpers import OK, OVER_LIMIT
@@ -116,3 +119,26 @@ def test_a_request_rejected_by_its_quota_limits_waits_for_the_first_of_them() ->
     room = Status(HOUR, remaining=5, reset_us=1, quota=True)
     assert headers([quota_late, room, Status(MINUTE, over=True, reset_us=30_000_000)])["Retry-After"] == "30"
     assert "Retry-After" not in headers([quota_late, room])  # one quota limit has room: admitted
+
+
+LIMITS = [None, MINUTE, HOUR, RateLimit(5, Unit.SECOND, name="burst", unit_multiplier=3),
+          RateLimit(0, None, unlimited=True)]
+STATUS = st.builds(Status, st.sampled_from(LIMITS), st.booleans(), st.integers(0, 2**32 - 1),
+                   st.integers(0, 10**10), st.booleans(), st.none(), st.booleans())
+
+
+@given(st.lists(st.tuples(STATUS, STATUS), min_size=1, max_size=6), st.booleans(), st.booleans(), st.booleans())
+def test_a_response_from_its_skeleton_is_the_one_built_anew(pairs: list[tuple[Status, Status]], shadow_mode: bool,
+                                                           with_headers: bool, metadata: bool) -> None:
+    descriptors = [Descriptor(((f"k{i}", "v"),)) for i in range(len(pairs))]
+    options = AnswerOptions(metadata, ResponseHeaders.IETF if with_headers else ResponseHeaders.NONE)
+    # made before the decision, from the limits alone; then two decisions of the same limits
+    skeleton = response_skeleton([Status(first.limit) for first, _ in pairs]).SerializeToString()
+    firsts = [first for first, _ in pairs]
+    seconds = [Status(first.limit, second.over, second.remaining, second.reset_us, second.shadow, None, second.quota)
+               for first, second in pairs]
+    for statuses in (firsts, seconds):
+        made = build_response("d", descriptors, statuses, options, shadow_mode, 3, skeleton)
+        anew = build_response("d", descriptors, statuses, options, shadow_mode, 3)
+        assert made == anew
+        assert made.SerializeToString(deterministic=True) == anew.SerializeToString(deterministic=True)

@@ -310,10 +310,12 @@ async def test_remembered_requests_are_bounded(write_config: Callable[..., Path]
                 assert reply.statuses[0].limit_remaining == 1
             remembered = service._prepared
             assert 0 < len(remembered) <= 5
+            assert all(prepared.skeleton for prepared in remembered.values())  # their responses' (build_response)
             big = request("api", descriptor(("client", "x" * service_module.PREPARED_MAX_BYTES)))
             for remaining in (1, 0):
                 assert (await stub.ShouldRateLimit(big)).statuses[0].limit_remaining == remaining
             assert big.SerializeToString() not in remembered
+            assert service._prepare_bytes(big.SerializeToString()).skeleton is None  # made only to be kept
             # small in bytes, many in entries (empty entries cost two bytes each, hundreds in memory)
             many = request("api", descriptor(("client", "m")), *[descriptor(*[("", "")] * 8)] * 4)
             assert len(many.SerializeToString()) < service_module.PREPARED_MAX_BYTES
