@@ -719,20 +719,85 @@ async def test_a_lone_items_caller_deadline_fails_it_and_its_batch_goes_on() -> 
 async def test_the_sweep_cuts_off_each_batch_at_its_own_time() -> None:
     starter = Starter()
     cut_off: list[float] = []
-    batcher = Batcher(Recorder().send, max_in_flight=3, batch_timeout=0.1, start=starter.start,
+    batcher = Batcher(Recorder().send, max_in_flight=3, batch_timeout=0.3, start=starter.start,
                       on_cut_off=lambda: cut_off.append(time.monotonic()))
     started = time.monotonic()
     first = batcher.send(1)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.15)
     second = batcher.send(2)
     # sent alone, with a caller's deadline sooner than the sweep armed for the first batch's bound
     with pytest.raises(TimeoutError):
-        await batcher.send(3, 0.01)
-    assert time.monotonic() - started < 0.09
+        await batcher.send(3, 0.03)
+    assert time.monotonic() - started < 0.27
     starter.flights[2].landed([30])  # its batch lands after its caller gave up
     for call in (first, second):
         with pytest.raises(TimeoutError):
             await call
     assert starter.cut == [0, 1]
-    assert 0.1 <= cut_off[0] - started < 0.14 and 0.15 <= cut_off[1] - started < 0.19  # each at its own bound
+    assert 0.3 <= cut_off[0] - started < 0.4 and 0.45 <= cut_off[1] - started < 0.55  # each at its own bound
     assert batcher._out == {} and batcher._callers == {}
+
+
+async def test_a_cut_off_that_fails_keeps_neither_the_others_nor_the_next_sweep_from_coming() -> None:
+    starter = Starter()
+    failures: list[BaseException] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: failures.append(context["exception"]))
+
+    def on_cut_off() -> None:
+        if not failures:
+            raise RuntimeError("a bug in on_cut_off")
+
+    try:
+        batcher = Batcher(Recorder().send, max_in_flight=3, batch_timeout=0.1, start=starter.start,
+                          on_cut_off=on_cut_off)
+        calls = [batcher.send(1), batcher.send(2)]  # both due in one sweep: the first's cut-off raises
+        await asyncio.sleep(0.05)
+        calls.append(batcher.send(3))  # due after that sweep: the next one must still come
+        for call in calls:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(call, 1)
+        assert [type(failure) for failure in failures] == [RuntimeError]
+        assert starter.cut == [0, 1, 2]
+    finally:
+        loop.set_exception_handler(None)
+
+
+async def test_a_start_that_raises_after_keeping_its_flight_frees_its_place_once() -> None:
+    kept: list[Flight[int]] = []
+
+    def start(items: list[int], flight: Flight[int]) -> bool:
+        kept.append(flight)  # as a call queued on a connection whose write then raised
+        raise RuntimeError("the write failed")
+
+    batcher = Batcher(Recorder().send, max_in_flight=1, start=start)
+    with pytest.raises(RuntimeError):
+        await batcher.send(1)
+    kept[0].landed(ConnectionError("the connection is lost later"))  # its reply's callback still runs
+    assert batcher._in_flight == 0
+
+
+async def test_a_batch_cut_off_after_its_reply_came_closes_no_connection_given_back(
+        private_redis: RedisServer) -> None:
+    # NOSCRIPT gives the connection back (in step); should what follows fail before the resend can be cut off, the
+    # batch's cut-off must not close that connection, which may be another batch's by then
+    backend = RedisBackend(private_redis.url, timeout=0.2)
+    loop = asyncio.get_running_loop()
+    reported: list[BaseException] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context["exception"]))
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("a bug before the resend")
+
+    backend._send_again = broken  # type: ignore[method-assign]
+    try:
+        await backend.ping()  # the script loaded, connections idle: the call goes without a task
+        with redis.Redis.from_url(private_redis.url) as admin:
+            admin.script_flush()
+        with pytest.raises(BackendUnavailable):
+            await backend.decide([Check("uncut", 100, 60_000_000, 1)])  # cut off at 200 ms
+        assert [type(e) for e in reported] == [RuntimeError]
+        assert backend._idle and not any(connection.closed for connection in backend._idle)
+    finally:
+        loop.set_exception_handler(None)
+        await backend.close()

@@ -121,10 +121,13 @@ def test_a_request_rejected_by_its_quota_limits_waits_for_the_first_of_them() ->
     assert "Retry-After" not in headers([quota_late, room])  # one quota limit has room: admitted
 
 
-LIMITS = [None, MINUTE, HOUR, RateLimit(5, Unit.SECOND, name="burst", unit_multiplier=3),
-          RateLimit(0, None, unlimited=True)]
-STATUS = st.builds(Status, st.sampled_from(LIMITS), st.booleans(), st.integers(0, 2**32 - 1),
-                   st.integers(0, 10**10), st.booleans(), st.none(), st.booleans())
+COUNTED = [MINUTE, HOUR, RateLimit(5, Unit.SECOND, name="burst", unit_multiplier=3)]
+# as the limiter makes them: a counted limit's decision, or a descriptor with no limit or an unlimited one
+STATUS = st.one_of(
+    st.builds(Status, st.sampled_from(COUNTED), st.booleans(), st.integers(0, 2**32 - 1), st.integers(0, 10**10),
+              st.booleans(), st.none(), st.booleans()),
+    st.builds(Status, st.sampled_from([None, RateLimit(0, None, unlimited=True)]), st.just(False),
+              st.sampled_from([0, 2**32 - 1])))
 
 
 @given(st.lists(st.tuples(STATUS, STATUS), min_size=1, max_size=6), st.booleans(), st.booleans(), st.booleans())

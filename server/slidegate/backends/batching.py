@@ -59,10 +59,10 @@ class Batcher(Generic[Item, Result]):
         self._tasks: set[asyncio.Task[None]] = set()
         self._deadlines = Deadlines()
         # The batches out, by their ``expired`` (alive as long as they are): when each is due, and what it is; and
-        # the deadlines of the callers of items sent alone, by their future: (due, future, grace, settle). Each is
-        # forgotten as its batch lands, and one timer sweeps the few left (at the earliest due) instead of a
-        # deadline each: a deadline outlived its call by the whole timeout, and under load the thousands alive cost
-        # each call about 10 µs of event-loop CPU (measured side by side; in one process, 1-2 µs).
+        # the deadlines of the callers whose item ``send`` sent at once, alone, by their future: (due, future,
+        # grace, settle). Each is forgotten as its batch lands, and one timer sweeps the few left (at the earliest
+        # due) instead of a deadline each: a deadline outlived its call by the whole timeout, and under load the
+        # thousands alive cost each call about 10 µs of event-loop CPU (measured side by side; in one process, 1-2).
         self._out: dict[int, tuple[float, asyncio.Future[Any] | Flight[Result], list[bool]]] = {}
         self._callers: dict[int, tuple[float, asyncio.Future[Result], bool, bool]] = {}
         self._sweeper: asyncio.TimerHandle | None = None
@@ -158,6 +158,8 @@ class Batcher(Generic[Item, Result]):
                 if not self._start([item for item, _, _ in batch] if items is None else items, flight):
                     flight = None
         except Exception as exc:  # as from ``send``: its callers hear of it, and its place is free again
+            if flight is not None:
+                flight.abandon()  # whatever ``start`` did with it before it raised: its place is given back here
             self._failed(batch, expired, exc)
             self._in_flight -= 1
             self._heavy_in_flight = self._heavy_in_flight and not heavy
@@ -192,17 +194,25 @@ class Batcher(Generic[Item, Result]):
         """Cut off the batches out past their due, fail the callers past theirs, and wait for the next due."""
         self._sweeper, self._sweep_at = None, math.inf
         now = loop.time()
+        due_now: list[Callable[[], None]] = []
         for key, (due, work, expired) in list(self._out.items()):
             if due <= now:
                 del self._out[key]
-                self._cut_off(loop, work, expired, due, True)
+                due_now.append(partial(self._cut_off, loop, work, expired, due, True))
         for key, (due, future, grace, settle) in list(self._callers.items()):
             if due <= now:
                 del self._callers[key]
-                self._expire(loop, future, due, grace, settle)
-        dues = [due for due, _, _ in self._out.values()] + [due for due, _, _, _ in self._callers.values()]
-        if dues:
-            self._arm(loop, min(dues))
+                due_now.append(partial(self._expire, loop, future, due, grace, settle))
+        try:
+            for callback in due_now:
+                try:
+                    callback()
+                except Exception as exc:  # one failing must not keep the others, nor the next sweep, from coming
+                    loop.call_exception_handler({"message": "a batch's cut-off failed", "exception": exc})
+        finally:
+            dues = [due for due, _, _ in self._out.values()] + [due for due, _, _, _ in self._callers.values()]
+            if dues:
+                self._arm(loop, min(dues))
 
     async def _run(self, batch: list[tuple[Item, asyncio.Future[Result], int]], expired: list[bool],
                    heavy: bool) -> None:
@@ -302,7 +312,7 @@ class Flight(Generic[Result]):
         if self._over:
             return  # cut off already: its callers were told
         self._over = True
-        # the batch's deadline holds this flight until it is due: the items (and their requests) are not kept
+        # what may still hold this flight (a late cut-off's second look, the connection's close) keeps no items
         batch, self._batch = self._batch, []
         try:
             if isinstance(results, BaseException):
@@ -311,6 +321,16 @@ class Flight(Generic[Result]):
                 Batcher._answer(batch, results)
         finally:
             self._batcher._sent(self._loop, self._heavy, self._expired)
+
+    def abandon(self) -> None:
+        """Over without landing: what lands later is ignored, nothing is cut (its batch's place and callers are
+        seen to by whoever abandons it)."""
+        self._over = True
+        self.cut = _nothing
+
+    def uncut(self) -> None:
+        """Nothing stops the batch any more (its reply came: the connection it was on may be another's now)."""
+        self.cut = _nothing
 
     def cancel(self) -> None:
         """Cut off: stopped (``cut``), its callers failed (TimeoutError once the Batcher marked it expired)."""

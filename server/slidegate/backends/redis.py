@@ -188,7 +188,7 @@ class RedisBackend:
         # every admitted request spanning slots (several holds give back less than exact, and each is a field)
         self._hold_us = round((2 * timeout + 0.1) * 1_000_000)
         self._undoing: set[asyncio.Task[None]] = set()  # compensating calls that outlived their request
-        self._resending: set[asyncio.Future[list[Decision | _Part | Unconfirmed]]] = set()  # see _replied
+        self._resending: set[asyncio.Future[list[Decision | _Part | Unconfirmed]]] = set()  # see _send_again
         # script calls _start_many wrote and whose reply has not been handled, by their round trip's number (each
         # holds a permit and an entry of _asked), with their loop: once it is closed, _replied never runs for them
         self._started: dict[int, asyncio.AbstractEventLoop] = {}
@@ -424,6 +424,7 @@ class RedisBackend:
             return
         assert replies is not None
         reply = replies[0]
+        flight.uncut()  # the connection goes back: a cut-off from now on must not close it under another batch
         self._answered()  # an error reply too: Redis is there
         if self._closed or not self._current(connection):
             connection.close()
