@@ -789,7 +789,7 @@ async def test_a_batch_cut_off_after_its_reply_came_closes_no_connection_given_b
     def broken(*args: Any) -> None:
         raise RuntimeError("a bug before the resend")
 
-    backend._send_again = broken  # type: ignore[method-assign]
+    backend._send_again = broken  # type: ignore[method-assign,assignment]
     try:
         await backend.ping()  # the script loaded, connections idle: the call goes without a task
         with redis.Redis.from_url(private_redis.url) as admin:
