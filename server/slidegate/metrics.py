@@ -113,7 +113,7 @@ class Count:
         if series.child is None:
             series.child = series.family.labels(*series.labels) if series.labels else series.family
         series.total += amount
-        self._cell.add(amount)
+        self._cell.total += amount  # StatCounter.add, without a call: this runs a few times a decision
         if self._direct:
             series.flush()
 
