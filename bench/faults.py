@@ -44,6 +44,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -167,7 +168,7 @@ async def _drive(w: Workload, seed: int) -> list[Record]:
     await asyncio.gather(*(_paced(w.clients / w.rate, end, client(i)) for i in range(w.clients)),
                          *(_paced(w.hammers / w.hammer_rate, end, hammer(i)) for i in range(w.hammers)))
     for channel in channels:
-        await channel.close()
+        await channel.close(None)
     return records
 
 
@@ -291,7 +292,7 @@ def stored_hits(port: int, run: str) -> int:
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         reply = channel.unary_unary(METHOD, request_serializer=lambda m: m.SerializeToString(),
                                     response_deserializer=rls_pb2.RateLimitResponse.FromString)(check, timeout=10)
-    return ALL_LIMIT - reply.statuses[0].limit_remaining
+    return ALL_LIMIT - int(reply.statuses[0].limit_remaining)
 
 
 def run_phase(name: str, port: int, inject: Callable[[str], float | None], *, seconds: float, before: float = 3.0,
@@ -471,6 +472,11 @@ PHASES: dict[str, Phase] = {
 }
 
 
+def _inject(phase: Phase, topology: Topology, slidegate: Slidegate, run: str) -> float | None:
+    """``phase``'s fault injected into ``topology`` under ``slidegate``, for run_phase."""
+    return phase.inject(topology, slidegate.port, run)
+
+
 @contextmanager
 def redis_of(kind: str) -> Iterator[Topology]:
     """A fresh Redis of ``kind`` (single, sentinel, cluster) of private processes, stopped afterwards."""
@@ -505,9 +511,9 @@ def main() -> None:
         with redis_of(phase.topology) as topology:
             slidegate = Slidegate(redis_url(topology), dict(phase.env))
             try:
-                results.append(run_phase(name, slidegate.port, lambda run, p=phase, t=topology, s=slidegate:
-                                         p.inject(t, s.port, run), seconds=args.seconds,
-                                         workload=dict(phase.workload), show_timeline=args.timeline))
+                results.append(run_phase(name, slidegate.port, partial(_inject, phase, topology, slidegate),
+                                         seconds=args.seconds, workload=dict(phase.workload),
+                                         show_timeline=args.timeline))
             finally:
                 warnings = slidegate.stop()
             results[-1].log_lines = warnings
