@@ -265,10 +265,11 @@ async def test_cluster_master_killed_replica_promoted_under_traffic(config: Conf
             await run_until(traffic, lambda: "error" in traffic.kinds_since(killed_at), 5)
             await run_until(traffic, lambda: traffic.kinds_since(time.monotonic() - 0.3)[-20:] == ["ok"] * 20, 15)
             recovered = time.monotonic() - killed_at
+            # the node asked learns of the promotion by gossip, which may come after slidegate's answers (seen on CI)
+            await run_until(traffic, lambda: c.master_of(key) is not victim, 5)
         finally:
             traffic.stop.set()
             await asyncio.gather(*workers)
-        assert c.master_of(key) is not victim
         assert traffic.slowest() < 0.5  # bounded answers while the master was gone: 0.2 s timeout each
         assert recovered < 12
         # correct limits after: a fresh limit on the promoted master admits exactly its limit
