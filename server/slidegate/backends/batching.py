@@ -343,32 +343,15 @@ class Flight(Generic[Result]):
 
 
 class Lone(Flight[Result]):
-    """A Flight of one item (under load nearly every batch): what lands goes straight to its caller's future."""
+    """A Flight of one item that ``send`` sent at once (under load nearly every batch): its caller's own deadline,
+    if it has one, is kept by the Batcher until the flight lands (``Batcher._callers``)."""
 
     __slots__ = ()
 
     def landed(self, results: Sequence[Result | Exception] | BaseException) -> None:
-        if self._over:
-            return  # cut off already: its caller was told
-        self._over = True
-        future = self._batch[0][1]
-        self._batch = []  # see Flight.landed
-        self._batcher._callers.pop(id(future), None)
-        try:
-            if future.done():
-                pass
-            elif isinstance(results, BaseException):  # as Batcher._failed
-                error = TimeoutError() if self._expired else results
-                if isinstance(error, asyncio.CancelledError):
-                    future.cancel()
-                else:
-                    future.set_exception(error)
-            elif isinstance(result := results[0], Exception):  # as Batcher._answer
-                future.set_exception(result)
-            else:
-                future.set_result(result)
-        finally:
-            self._batcher._sent(self._loop, self._heavy, self._expired)
+        if not self._over:
+            self._batcher._callers.pop(id(self._batch[0][1]), None)
+        super().landed(results)
 
 
 def _nothing() -> None:
