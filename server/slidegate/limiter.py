@@ -6,9 +6,9 @@ Transport-neutral: the gRPC service translates protobuf to ``Descriptor`` and ``
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from slidegate.algorithms import MAX_WINDOW_SECONDS, Algorithm
 from slidegate.backends.base import Backend, BackendUnavailable, Check, Checks, DeadlineExceeded, Decision, Outcome
@@ -40,8 +40,7 @@ class Override:
     unit_multiplier: int = 1
 
 
-@dataclass(frozen=True, slots=True)
-class Descriptor:
+class Descriptor(NamedTuple):
     """A request descriptor: ordered (key, value) ``entries``; the descriptor's own ``hits_addend`` (None
     when unset; an explicit 0 means check only); ``negative``: give the hits back (is_negative_hits);
     ``override``: a limit that replaces the configured one."""
@@ -52,8 +51,7 @@ class Descriptor:
     override: Override | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Status:
+class Status(NamedTuple):
     """The answer for one descriptor. ``limit`` is None when no limit applies. ``over``: the limit had no
     room for the hits (even when that does not reject the request); ``shadow``: being over does not reject
     the request (the rule's shadow_mode); ``quota``: quota mode (the rule's quota_mode, or QUOTA_MODE), being
@@ -80,8 +78,7 @@ NO_LIMIT = Status(limit=None)
 ANSWER_MARGIN = 0.008
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
+class Plan(NamedTuple):
     """A request matched against one config, ready to decide: ``statuses`` holds one Status per descriptor
     before the storage's answer (limit, rule and hits known), ``checks`` the limits to count and ``counted``
     the index in ``statuses`` of each. Valid while ``config`` is the current config (Limiter.is_current)."""
@@ -192,8 +189,7 @@ class Limiter:
             hits = default_hits if descriptor.hits_addend is None else descriptor.hits_addend
             if descriptor.negative:
                 hits = -hits
-            # built anew (dataclasses.replace inspects the fields: a request seen for the first time pays it): a
-            # matched limit's status has nothing else set yet
+            # built anew (_replace goes through every field by name): a matched limit's status has nothing else set yet
             statuses.append(Status(limit, shadow=status.shadow, rule=status.rule, quota=status.quota, hits=hits))
             checks.append(Check(
                 key, limit.requests_per_unit, limit.window_seconds * 1_000_000, hits, limit.algorithm,
@@ -241,7 +237,7 @@ class Limiter:
         cached = decision.cached
         for index, outcome in zip(plan.counted, decision.outcomes, strict=True):
             s = statuses[index]
-            # built field by field: dataclasses.replace costs a call its inspection of the fields, every decision
+            # built by position: _replace goes through every field by name, every decision
             statuses[index] = Status(s.limit, outcome.over, outcome.remaining, outcome.reset_us, s.shadow, s.rule,
                                      s.quota, s.hits, degraded, late, cached)
         return statuses
@@ -267,5 +263,5 @@ class Limiter:
             return -(-n // share)
 
         return await self._local.decide(
-            [dataclasses.replace(c, limit=part(c.limit), burst=None if c.burst is None else part(c.burst))
+            [c._replace(limit=part(c.limit), burst=None if c.burst is None else part(c.burst))
              for c in checks], now)

@@ -221,8 +221,7 @@ def _metadata(domain: str, descriptors: list[Descriptor], statuses: list[Status]
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class Prepared:
+class Prepared(NamedTuple):
     """A validated request matched against the config (``plan``), with the metric counters of each limit
     it names: (index of the descriptor, its counters, its limit's requests_per_unit); for a domain no config
     has, its ``domain_not_found`` count (one per descriptor, as the reference looks each up); for a request

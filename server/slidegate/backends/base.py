@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from slidegate.algorithms import MAX_EXACT, RULES, Algorithm
 
@@ -19,8 +18,11 @@ class DeadlineExceeded(BackendUnavailable):
     backend's health (a circuit breaker does not count it)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Check:
+# Check, Outcome and Decision (and the limiter's Descriptor, Status and Plan, the service's Prepared) are
+# NamedTuples, not frozen dataclasses: some are made on every call, the others for every new request, and a frozen
+# dataclass of Status's eleven fields took 2.7 µs to make against 0.5 µs (its __init__ sets each field through
+# object.__setattr__); a request never seen before was prepared in 9 µs against 15 µs (limiter.prepare).
+class Check(NamedTuple):
     """One limited descriptor of a request.
 
     ``key``: storage key of the limit; ``algorithm``: how it is counted; ``limit``: hits allowed per window
@@ -94,8 +96,7 @@ def admits(checks: Sequence[Mode], over: Sequence[bool]) -> bool:
     return not any(o and not c.shadow and not c.quota for c, o in zip(checks, over, strict=True))
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(NamedTuple):
     """The decision for one Check. ``remaining``: hits left in the window after this request;
     ``reset_us``: microseconds until the oldest counted hit leaves the window (within limit) or until this
     request's hits would fit (over limit)."""
@@ -105,8 +106,7 @@ class Outcome:
     reset_us: int
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """``admitted``: every check had room, so every check's hits were recorded; otherwise none were.
     ``cached``: answered from what this process remembers (slidegate.backends.blocked), not by the storage."""
 

@@ -33,7 +33,6 @@ is not sent again). A rejected request keeps its answer: a replica that lags doe
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import itertools
 import logging
@@ -753,10 +752,10 @@ async def _decide_across(checks: Sequence[Check], places: list[Place], side: Cal
     if len(giving) == len(checks):  # nothing can reject
         return await _decide_in_places(checks, places, clock)
     # a check-only shadow stands in for each give-back: the limit as it stands, never a rejection
-    first = [dataclasses.replace(c, hits=0, shadow=True) if c.hits < 0 else c for c in checks]
+    first = [c._replace(hits=0, shadow=True) if c.hits < 0 else c for c in checks]
     # quota limits may span places: each place evaluates them as shadows, and _settle applies the quota rule to
     # them all
-    sent = [dataclasses.replace(c, shadow=True, quota=False) if c.quota else c for c in first]
+    sent = [c._replace(shadow=True, quota=False) if c.quota else c for c in first]
     # shielded from the caller's deadline, so that what they did is settled; bounded by it all the same (a place's
     # call not sent by then is not sent at all, and counts as failed)
     until = scope.when()
