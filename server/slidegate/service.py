@@ -110,11 +110,12 @@ def parse_request(request: Request) -> tuple[str, list[Descriptor]]:
             if multiplier < 1:
                 raise InvalidRequest(f"descriptor {index}: limit override unit_multiplier must be at least 1")
             override = Override(d.limit.requests_per_unit, unit, multiplier)
+        # by position, the entries from a list: a request never seen before pays for every step here
         descriptors.append(Descriptor(
-            entries=tuple((_text(e.key), _text(e.value)) for e in d.entries),
-            hits_addend=d.hits_addend.value if d.HasField("hits_addend") else None,
-            negative=d.is_negative_hits,
-            override=override,
+            tuple([(_text(e.key), _text(e.value)) for e in d.entries]),
+            d.hits_addend.value if d.HasField("hits_addend") else None,
+            d.is_negative_hits,
+            override,
         ))
     return _text(request.domain), descriptors
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from slidegate.algorithms import Algorithm
 from slidegate.failure_modes import FailureMode
@@ -128,8 +128,7 @@ class DescriptorNode:
         return nodes[::-1]
 
 
-@dataclass(frozen=True, slots=True)
-class Match:
+class Match(NamedTuple):  # made for every request never seen before (see slidegate.backends.base's Check)
     """The rule a request descriptor matched and the entries its counter is keyed by (the request's own
     entries, except that a ``share_threshold`` rule puts its pattern in place of the value)."""
 
