@@ -274,7 +274,8 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("the script call: arguments packed, answers read", r"\(slidegate/backends/(redis|base)\.py"),
     ("the connection: written, replies parsed (hiredis)", r"\(slidegate/backends/redis_wire\.py"),
     ("the bare handler: written, replies parsed (hiredis)", r"\((bench/)?noop_server\.py"),
-    ("statuses, outcomes and decisions made (dataclasses)", r"^__create_fn__"),
+    # a NamedTuple's __new__ is a lambda compiled from a string, a dataclass's __init__ made by __create_fn__
+    ("statuses, outcomes and decisions made", r"^(__create_fn__|<lambda> \(<string>)"),
     ("asyncio's and gRPC's Python", r"\((asyncio|grpc|concurrent)/|\((inspect|_weakrefset|typing)\.py|<frozen abc>"),
 )
 
