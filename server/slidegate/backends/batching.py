@@ -10,12 +10,11 @@ the client's fixed per-command cost, the main cost of a Redis call from Python.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, Generic, TypeVar
 
-from slidegate.backends.deadlines import GRANULARITY, LATE_TIMER, Deadlines
+from slidegate.backends.deadlines import LATE_TIMER, Alarm, Deadlines
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -65,8 +64,7 @@ class Batcher(Generic[Item, Result]):
         # thousands alive cost each call about 10 µs of event-loop CPU (measured side by side; in one process, 1-2).
         self._out: dict[int, tuple[float, asyncio.Future[Any] | Flight[Result], list[bool]]] = {}
         self._callers: dict[int, tuple[float, asyncio.Future[Result], bool, bool]] = {}
-        self._sweeper: asyncio.TimerHandle | None = None
-        self._sweep_at = math.inf
+        self._sweeper = Alarm(self._sweep)
         self._sweeper_loop: asyncio.AbstractEventLoop | None = None
 
     async def submit(self, item: Item, timeout: float | None = None, *, grace: bool = False,
@@ -181,18 +179,12 @@ class Batcher(Generic[Item, Result]):
         """Sweep at ``due`` (GRANULARITY later) unless a sweep comes sooner; before what is due is kept (a change of
         event loop forgets what was)."""
         if self._sweeper_loop is not loop:  # used from another event loop: the old one's calls went with it
-            if self._sweeper is not None:
-                self._sweeper.cancel()
-            self._out, self._callers, self._sweeper, self._sweep_at, self._sweeper_loop = {}, {}, None, math.inf, loop
-        if due + GRANULARITY < self._sweep_at:
-            if self._sweeper is not None:
-                self._sweeper.cancel()
-            self._sweep_at = due + GRANULARITY
-            self._sweeper = loop.call_at(self._sweep_at, self._sweep, loop)
+            self._sweeper.cancel()
+            self._out, self._callers, self._sweeper_loop = {}, {}, loop
+        self._sweeper.arm(loop, due)
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         """Cut off the batches out past their due, fail the callers past theirs, and wait for the next due."""
-        self._sweeper, self._sweep_at = None, math.inf
         now = loop.time()
         due_now: list[Callable[[], None]] = []
         for key, (due, work, expired) in list(self._out.items()):

@@ -27,6 +27,35 @@ LATE_TIMER = 0.02
 COMPACT_AT = 4096  # entries: above this (and twice the live ones last seen), finished ones are dropped
 
 
+class Alarm:
+    """One timer of the loop, armed for the earliest moment asked (GRANULARITY later: moments this close share
+    it); when it goes off, ``ring`` runs with the loop, and arms it again for whatever is due next. Its owner
+    cancels it before arming it in another event loop (where the old one's timer will never fire)."""
+
+    def __init__(self, ring: Callable[[asyncio.AbstractEventLoop], None]) -> None:
+        self._ring = ring
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = math.inf
+
+    def arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        """Go off at ``when`` (the loop's time) unless set to go off sooner."""
+        if when + GRANULARITY < self._at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._at = when + GRANULARITY
+            self._timer = loop.call_at(self._at, self._rang, loop)
+
+    def cancel(self) -> None:
+        """Go off at no moment until armed again."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._at = None, math.inf
+
+    def _rang(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer, self._at = None, math.inf
+        self._ring(loop)
+
+
 class Deadlines:
     """Runs each ``add``-ed callback in the loop once its time (``loop.time()`` seconds) has passed, a few ms
     late at most (GRANULARITY and the loop's own timer rounding: 2 to 4 ms measured), unless ``done()`` says
@@ -37,8 +66,7 @@ class Deadlines:
         self._heap: list[tuple[float, int, Callable[[], object], Callable[[], bool]]] = []
         self._compact_at = COMPACT_AT
         self._order = itertools.count()  # equal times: first added, first run (never compares callbacks)
-        self._timer: asyncio.TimerHandle | None = None
-        self._fires_at = math.inf
+        self._alarm = Alarm(self._fire)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def add(self, loop: asyncio.AbstractEventLoop, when: float, callback: Callable[[], object],
@@ -47,25 +75,16 @@ class Deadlines:
         if loop is not self._loop:
             # used from another event loop (a test's asyncio.run after another): the deadlines of the old one
             # went with it, and its timer will never fire
-            if self._timer is not None:
-                self._timer.cancel()
-            self._heap, self._timer, self._fires_at, self._loop = [], None, math.inf, loop
+            self._alarm.cancel()
+            self._heap, self._loop = [], loop
         if len(self._heap) >= self._compact_at:
             self._heap = [entry for entry in self._heap if not entry[3]()]
             heapq.heapify(self._heap)
             self._compact_at = max(COMPACT_AT, 2 * len(self._heap))
         heapq.heappush(self._heap, (when, next(self._order), callback, done))
-        if when + GRANULARITY < self._fires_at:
-            self._arm(loop, when)
-
-    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._fires_at = when + GRANULARITY
-        self._timer = loop.call_at(self._fires_at, self._fire, loop)
+        self._alarm.arm(loop, when)
 
     def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._timer, self._fires_at = None, math.inf
         now = loop.time()
         while self._heap and self._heap[0][0] <= now:
             _, _, callback, done = heapq.heappop(self._heap)
@@ -76,7 +95,7 @@ class Deadlines:
             except Exception as exc:  # one failing callback must not keep the later deadlines from firing
                 loop.call_exception_handler({"message": "deadline callback failed", "exception": exc})
         if self._heap:
-            self._arm(loop, self._heap[0][0])
+            self._alarm.arm(loop, self._heap[0][0])
 
 
 class LoopWatch:
