@@ -312,7 +312,9 @@ class RateLimitService:
         try:
             request = Request.FromString(data)
         except DecodeError as exc:
-            raise InvalidRequest(f"malformed RateLimitRequest: {exc}") from exc
+            # protobuf's message names the type it parsed, our lenient twin, which the caller never heard of
+            reason = str(exc).rpartition("': ")[2] or "not a protobuf message"
+            raise InvalidRequest(f"malformed RateLimitRequest: {reason}") from exc
         domain, descriptors = parse_request(request)
         remember = (len(data) <= PREPARED_MAX_BYTES and len(descriptors) <= PREPARED_MAX_DESCRIPTORS
                     and sum(len(d.entries) for d in descriptors) <= PREPARED_MAX_ENTRIES)
