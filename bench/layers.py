@@ -7,19 +7,27 @@ call and calls/s, each round's as a ratio to the bare round trip's of the same r
 prints a line per round, then the table.
 
     apt-get install nghttp2-client redis-server   # h2load, redis-server
-    python -m bench.layers [--rounds 5] [--requests 20000]   # from the root
+    python -m bench.layers [--rounds 5] [--requests 20000] [--layers bare,...] [--against DIR]   # from the root
 
-The layers, each adding to the one before:
+The layers, each from ``minimal`` on adding to the one before (``flat`` and ``flatb`` are experiments beside them):
 
 - ``bare``: bench/noop_server.py with a Redis URL: one EVALSHA per call on a bare asyncio protocol.
 - ``minimal``: slidegate's request looked up by its bytes, its script call packed once and written on one of the
   backend's own connections (slidegate.backends.redis_wire), the response built from the reply: the least
   slidegate's path does, with none of its bookkeeping.
+- ``flat``: an experiment, not slidegate's path: the whole decision of a remembered request in one coroutine, every
+  rule in its leanest form (the call and its latencies counted, the over-limit cache, breaker and Redis's silence
+  looked at, a place of the batcher, a permit and an idle connection taken, the round trip tracked, the batch's
+  bound armed, the limit's counters, the response filled in on its skeleton); anything else goes the Limiter's
+  way. What a flat common path would cost at best.
+- ``flatb``: ``flat`` with the script call made by the Redis backend's decision (natural batching and its bounds)
+  instead of on the connection directly: what the backend's machinery costs under load.
 - ``backend``: the call decided by the Redis backend (natural batching, the batch's bound and the caller's,
   breaker, permits, the answers read), the response built from its decision as above.
 - ``limiter``: the Limiter's decision (the over-limit cache, statuses, failure modes) and slidegate's response.
 - ``service``: RateLimitService.should_rate_limit, the whole decision (metrics, the outage log).
 - ``serve``: `slidegate serve` itself (health, reflection, the heap keeper, the quota service beside it).
+- ``before`` (with ``--against DIR``): `slidegate serve` from another checkout, to measure a change side by side.
 
 h2load counts a gRPC error as a success, so each layer's calls are counted again in Redis (each one decided is a
 hit in its own key's log) and a layer that answered fewer stops the run.
@@ -28,6 +36,8 @@ hit in its own key's log) and a layer that answered fewer stops the run.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import shutil
 import socket
 import statistics
@@ -48,16 +58,16 @@ from bench.run import body, h2load, private_redis
 from slidegate import stack
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate.algorithms import Algorithm
-from slidegate.application import build
+from slidegate.application import Application, build
 from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.redis import RedisBackend
 from slidegate.backends.redis_wire import WireConnection
 from slidegate.keys import limit_key
-from slidegate.service import Prepared, Request, build_response, parse_request
+from slidegate.service import Prepared, RateLimitService, Request, build_response, parse_request
 from slidegate.settings import Settings
 
 HERE = Path(__file__).resolve().parent
-LAYERS = ("bare", "minimal", "backend", "limiter", "service", "serve")
+LAYERS = ("bare", "minimal", "flat", "flatb", "backend", "limiter", "service", "serve")
 CONFIG = """
 domain: bench
 descriptors:
@@ -85,15 +95,15 @@ def response(admitted: bool, over: bool, remaining: int, reset_us: int,
     return answer
 
 
-async def serve_layer(layer: str, port: int, config_root: str, redis_url: str, key_prefix: str) -> None:
-    """Serve ``layer`` (one of LAYERS but bare and serve) on ``port`` until killed."""
-    settings = Settings.load({"RUNTIME_ROOT": config_root, "RUNTIME_SUBDIRECTORY": "", "RUNTIME_WATCH_ROOT": "false",
-                              "REDIS_URL": redis_url, "CACHE_KEY_PREFIX": key_prefix})
-    app = build(settings)
-    service, limiter = app.service, app.limiter
+def redis_backend(app: Application) -> RedisBackend:
+    """The Redis backend under the application's over-limit cache."""
     backend = app.backend._backend if isinstance(app.backend, OverLimitCache) else app.backend
     assert isinstance(backend, RedisBackend)
-    await backend.ping()  # the script loaded
+    return backend
+
+
+def remembering(service: RateLimitService) -> Callable[[bytes], Prepared]:
+    """A request's prepared form by its bytes, made on its first call and kept (as the service keeps them)."""
     prepared: dict[bytes, Prepared] = {}
 
     def prepare(data: bytes) -> Prepared:
@@ -102,6 +112,92 @@ async def serve_layer(layer: str, port: int, config_root: str, redis_url: str, k
             domain, descriptors = parse_request(Request.FromString(data))
             found = prepared[data] = service.prepare(domain, descriptors, skeleton=True)
         return found
+
+    return prepare
+
+
+def flat_handler(app: Application, through_backend: bool = False) -> Handler:
+    """The whole decision of a remembered request in one coroutine, each rule in its leanest form (an experiment:
+    what a flat common path would cost); anything but the common case goes the Limiter's way."""
+    service, limiter = app.service, app.limiter
+    backend = redis_backend(app)
+    prepare = remembering(service)
+
+    cache = app.backend if isinstance(app.backend, OverLimitCache) else None
+    metrics = service.metrics
+    batcher = backend._batcher
+    permits = backend._permits
+    asked = backend._asked
+    idle = backend._idle
+    outage = service._outage
+
+    def answered(found: Prepared, started: float, admitted: bool, over: bool, remaining: int,
+                 reset_us: int) -> rls_pb2.RateLimitResponse:
+        """The storage's answer counted, in the metrics and the limit's counters, and the response to it."""
+        metrics.storage_latency.observe(time.perf_counter() - started)
+        outage.answered()
+        answer = response(admitted, over, remaining, reset_us, found)
+        for index, counters, limit in found.counted:
+            status = found.plan.statuses[index]
+            counters.record(hits=status.hits, limit=limit, over=over, remaining=remaining, shadow=status.shadow)
+        metrics.call_latency.observe(time.perf_counter() - started)
+        metrics.response_time.record(int((time.perf_counter() - started) * 1000))
+        return answer
+
+    async def handler(data: bytes, context: Any) -> rls_pb2.RateLimitResponse:
+        started = time.perf_counter()
+        metrics.total_requests.inc()
+        found = prepare(data)
+        plan = found.plan
+        checks = plan.checks
+        timeout = context.time_remaining()
+        if through_backend:
+            decision = await backend.decide(checks, None, timeout)
+            outcome = decision.outcomes[0]
+            return answered(found, started, decision.admitted, outcome.over, outcome.remaining, outcome.reset_us)
+        if ((cache is not None and cache._blocked) or backend._refusal(timeout) is not None
+                or batcher._waiting or batcher._in_flight >= 2 or not idle or not permits.take_now()):
+            statuses = await limiter.decide(plan, timeout)
+            return build_response(plan.domain, found.descriptors, statuses, skeleton=found.skeleton)
+        loop = asyncio.get_running_loop()
+        batcher._in_flight += 1
+        connection = idle.pop()
+        asking = next(backend._asking)
+        asked[asking] = time.monotonic()
+        expired: list[bool] = []
+        future = connection.call(backend._lone_call((checks, "", False)))
+        due = loop.time() + 0.25
+        batcher._arm(loop, due)
+        batcher._out[id(expired)] = (due, future, expired)
+        try:
+            replies = await future
+        except BaseException:
+            connection.close()  # its reply, if it comes, must not be read as another call's
+            raise
+        finally:
+            batcher._out.pop(id(expired), None)
+            del asked[asking]
+            permits.give()
+            batcher._in_flight -= 1
+            if batcher._waiting:
+                batcher._flush(loop)
+        idle.append(connection)
+        backend._answered()
+        admitted, over, remaining, reset_us = replies[0]
+        return answered(found, started, bool(admitted), bool(over), remaining, reset_us)
+
+    return handler
+
+
+async def serve_layer(layer: str, port: int, config_root: str, redis_url: str, key_prefix: str) -> None:
+    """Serve ``layer`` (one of LAYERS but bare and serve) on ``port`` until killed."""
+    settings = Settings.load({"RUNTIME_ROOT": config_root, "RUNTIME_SUBDIRECTORY": "", "RUNTIME_WATCH_ROOT": "false",
+                              "REDIS_URL": redis_url, "CACHE_KEY_PREFIX": key_prefix})
+    app = build(settings)
+    service, limiter = app.service, app.limiter
+    backend = redis_backend(app)
+    await backend.ping()  # the script loaded
+    prepare = remembering(service)
 
     handler: Handler
     if layer == "minimal":
@@ -115,6 +211,8 @@ async def serve_layer(layer: str, port: int, config_root: str, redis_url: str, k
                 call = packed[data] = backend._lone_call((found.plan.checks, "", False))
             admitted, over, remaining, reset_us = (await connection.call(call))[0]
             return response(bool(admitted), bool(over), remaining, reset_us, found)
+    elif layer in ("flat", "flatb"):
+        handler = flat_handler(app, through_backend=layer == "flatb")
     elif layer == "backend":
         async def handler(data: bytes, context: Any) -> rls_pb2.RateLimitResponse:
             found = prepare(data)
@@ -154,6 +252,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--requests", type=int, default=20_000,
                         help="calls per layer per round, after 2,000 to warm up (default 20000)")
+    parser.add_argument("--layers", default=",".join(LAYERS),
+                        help=f"the layers to run, comma-separated, bare first (default {','.join(LAYERS)})")
+    parser.add_argument("--against", metavar="DIR",
+                        help="add the layer `before`: `slidegate serve` from the checkout DIR (its server/ first on "
+                             "PYTHONPATH), to measure this code side by side with that")
     parser.add_argument("--serve", nargs=5, metavar=("LAYER", "PORT", "CONFIG_ROOT", "REDIS_URL", "KEY_PREFIX"),
                         help=argparse.SUPPRESS)  # a layer's server, started by this script itself
     options = parser.parse_args()
@@ -161,28 +264,36 @@ def main() -> None:
         layer, port, root, url, prefix = options.serve
         uvloop.run(serve_layer(layer, int(port), root, url, prefix))
         return
+    layers = tuple(options.layers.split(","))
+    if layers[0] != "bare" or not set(layers) <= set(LAYERS):
+        parser.error(f"--layers: bare first, then any of {', '.join(LAYERS[1:])}")
+    if options.against:
+        layers += ("before",)
     work = Path(tempfile.mkdtemp(prefix="slidegate-layers-"))
     (work / "config").mkdir()
     (work / "config" / "bench.yaml").write_text(CONFIG)
     data = body(("sliding_window_log", "k1"), directory=work)
     with private_redis() as (url, _):
         servers: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
-        prefixes = {layer: f"layers-{layer}-{uuid.uuid4().hex[:6]}:" for layer in LAYERS}
+        prefixes = {layer: f"layers-{layer}-{uuid.uuid4().hex[:6]}:" for layer in layers}
         try:
-            for layer in LAYERS:
+            for layer in layers:
                 port = stack.free_port()
                 if layer == "bare":
                     process = subprocess.Popen([sys.executable, str(HERE / "noop_server.py"), str(port), url])
-                elif layer == "serve":
+                elif layer in ("serve", "before"):
+                    env = None
+                    if layer == "before":
+                        env = {**os.environ, "PYTHONPATH": str(Path(options.against).resolve() / "server")}
                     process = stack.start_slidegate(work / "config", port, redis_url=url, key_prefix=prefixes[layer],
-                                                    extra_args=("--log-level", "warning"))
+                                                    extra_args=("--log-level", "warning"), env=env)
                 else:
                     process = subprocess.Popen([sys.executable, "-m", "bench.layers", "--serve", layer, str(port),
                                                 str(work), url, prefixes[layer]])
                 servers[layer] = (port, process)
             for port, _ in servers.values():
                 listening(port)
-            rounds: dict[str, list[tuple[float, float]]] = {layer: [] for layer in LAYERS}
+            rounds: dict[str, list[tuple[float, float]]] = {layer: [] for layer in layers}
             for number in range(options.rounds):
                 for layer, (port, process) in servers.items():
                     watch = {"server": process.pid}
@@ -192,11 +303,11 @@ def main() -> None:
                         sys.exit(f"{layer}: {load.failed} calls failed")
                     rounds[layer].append((load.calls, load.loop_us))
                 print(f"round {number + 1}: " + ", ".join(f"{layer} {rounds[layer][-1][1]:.0f} µs"
-                                                         for layer in LAYERS), flush=True)
+                                                         for layer in layers), flush=True)
             # h2load counts a gRPC error as a success: each layer's answers are checked in Redis, where each call
             # it decided is one member scored by its time in its own key's log (the bare server's key is its own)
             with redis.Redis.from_url(url) as client:
-                for layer in LAYERS[1:]:
+                for layer in layers[1:]:
                     key = limit_key(prefixes[layer], Algorithm.SLIDING_WINDOW_LOG.value, "bench",
                                     [("sliding_window_log", "k1")])
                     counted = client.zcount(key, "(0", "+inf")  # the hits (lua/sliding_window_log.lua)
@@ -210,7 +321,7 @@ def main() -> None:
     print("\n| layer | calls/s | loop µs | calls/s to bare | loop µs to bare | loop µs added by the layer |")
     print("|---|---|---|---|---|---|")
     previous = None
-    for layer in LAYERS:
+    for layer in layers:
         calls = statistics.median(c for c, _ in rounds[layer])
         loop_us = statistics.median(u for _, u in rounds[layer])
         to_bare = [(c / b[0], u / b[1]) for (c, u), b in zip(rounds[layer], rounds["bare"], strict=True)]

@@ -143,8 +143,10 @@ def start_slidegate(
     key_prefix: str = "",
     extra_args: tuple[str, ...] = (),
     log_file: Any = None,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start ``slidegate serve`` as a child process and wait until it serves. Raises TimeoutError."""
+    """Start ``slidegate serve`` as a child process (with ``env``, else this process's environment) and wait until
+    it serves. Raises TimeoutError."""
     args = [
         sys.executable, "-m", "slidegate", "serve",
         "--config", str(config_dir), "--host", "127.0.0.1", "--grpc-port", str(port),
@@ -152,13 +154,14 @@ def start_slidegate(
         "--backend", backend, "--redis-url", redis_url or "redis://127.0.0.1:6379/0",
         "--cache-key-prefix", key_prefix, *extra_args,
     ]
-    return _start(args, lambda: wait_grpc_serving(port), log_file)
+    return _start(args, lambda: wait_grpc_serving(port), log_file, env)
 
 
-def _start(args: list[str], ready: Callable[[], None], log_file: Any) -> subprocess.Popen[bytes]:
+def _start(args: list[str], ready: Callable[[], None], log_file: Any,
+           env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start ``args``, then call ``ready`` (which raises TimeoutError); a process that never gets ready is
     stopped before the error propagates."""
-    process = subprocess.Popen(args, stdout=log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(args, stdout=log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
     try:
         ready()
     except TimeoutError:
