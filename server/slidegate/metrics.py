@@ -53,6 +53,10 @@ class LimitStat(enum.IntEnum):
         return self.name.lower()
 
 
+# the stats a decision within its limit counts, as plain ints: looking up an enum's member costs about 80 ns
+_TOTAL_HITS = LimitStat.TOTAL_HITS.value
+_WITHIN_LIMIT = LimitStat.WITHIN_LIMIT.value
+
 _HELP = {
     LimitStat.TOTAL_HITS: "hits asked for by requests that matched a limit",
     LimitStat.OVER_LIMIT: "hits over their limit (shadow-mode rules' too)",
@@ -287,10 +291,10 @@ class LimitCounters:
         self._key = key
         self._counts: list[Count | None] = [None] * len(LimitStat)
 
-    def _add(self, stat: LimitStat, hits: int) -> None:
+    def _add(self, stat: int, hits: int) -> None:
         count = self._counts[stat]
         if count is None:
-            count = self._counts[stat] = self._metrics.limit_count(stat, self._domain, self._key)
+            count = self._counts[stat] = self._metrics.limit_count(LimitStat(stat), self._domain, self._key)
         count.inc(hits)
 
     def record(self, *, hits: int, limit: int, over: bool, shadow: bool, remaining: int, cached: bool = False) -> None:
@@ -301,7 +305,12 @@ class LimitCounters:
         of it was admitted: the reference, which counts the hits that still fit, puts those in near_limit)."""
         if hits <= 0:
             return
-        self._add(LimitStat.TOTAL_HITS, hits)
+        counts = self._counts
+        total = counts[_TOTAL_HITS]
+        if total is None:
+            self._add(_TOTAL_HITS, hits)
+        else:
+            total.inc(hits)
         if over:
             self._add(LimitStat.OVER_LIMIT, hits)
             if cached:
@@ -313,4 +322,8 @@ class LimitCounters:
         used = limit - remaining
         if used > near:
             self._add(LimitStat.NEAR_LIMIT, min(hits, used - near))
-        self._add(LimitStat.WITHIN_LIMIT, hits)
+        within = counts[_WITHIN_LIMIT]
+        if within is None:
+            self._add(_WITHIN_LIMIT, hits)
+        else:
+            within.inc(hits)

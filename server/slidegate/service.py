@@ -148,24 +148,30 @@ def build_response(
     these statuses' limits, serialized, made once for a request answered again and again (read back and filled
     in: a third of the cost of building the response anew; as bytes, some 50 where the message takes 900)."""
     # a request with no limit over is admitted (most are: the admission rule's scans are for the others)
-    rejected = (not shadow_mode and any(s.over for s in statuses)
-                and not admits(statuses, [s.over for s in statuses]))
+    rejected = False
+    if not shadow_mode:
+        for status in statuses:
+            if status.over:
+                rejected = not admits(statuses, [s.over for s in statuses])
+                break
     response = response_skeleton(statuses) if skeleton is None else rls_pb2.RateLimitResponse.FromString(skeleton)
     response.overall_code = OVER_LIMIT if rejected else OK
     for out, status in zip(response.statuses, statuses, strict=True):
-        out.code = OVER_LIMIT if status.over and not status.shadow else OK
+        over = status.over
+        out.code = OVER_LIMIT if over and not status.shadow else OK
         out.limit_remaining = status.remaining
         limit = status.limit
         if limit is None or limit.unit is None:
             continue
-        if status.over:
+        reset = out.duration_until_reset  # each access makes a new wrapper of the field
+        if over:
             # when this request would fit, rounded up: Envoy drops the fraction (x-ratelimit-reset,
             # retry-after), so 0.4 s would tell its clients to retry at once and be refused again
-            out.duration_until_reset.seconds = -(-status.reset_us // 1_000_000)
+            reset.seconds = -(-status.reset_us // 1_000_000)
         else:
             seconds, micros = divmod(status.reset_us, 1_000_000)
-            out.duration_until_reset.seconds = seconds
-            out.duration_until_reset.nanos = micros * 1000
+            reset.seconds = seconds
+            reset.nanos = micros * 1000
     if options.dynamic_metadata:
         response.dynamic_metadata.CopyFrom(_metadata(domain, descriptors, statuses, hits_addend))
     if options.headers is not ResponseHeaders.NONE:
@@ -404,7 +410,7 @@ class RateLimitService:
         for index, counters, limit in prepared.counted:
             status = statuses[index]
             counters.record(hits=status.hits, limit=limit, over=status.over, remaining=status.remaining,
-                            shadow=status.rule is not None and status.rule.shadow_mode, cached=status.cached)
+                            shadow=status.shadow, cached=status.cached)  # shadow: its rule's shadow_mode
         if shadow_mode and not admits(statuses, [s.over for s in statuses]):
             self.metrics.global_shadow_mode.inc()  # SHADOW_MODE turned this request's OVER_LIMIT into OK
         if log.isEnabledFor(logging.DEBUG):

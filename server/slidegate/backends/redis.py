@@ -846,6 +846,8 @@ def _read_answers(requests: Sequence[_Request], reply: list[int],
 def _read_decision(reply: list[int], at: int, n: int) -> Decision:
     """The decision of a request of ``n`` limits starting at ``reply[at]`` (lua/decide.lua: admitted, then three
     values a limit), read positionally: keywords cost each of a call's outcomes their parsing."""
+    if n == 1:  # most requests: without the comprehension's range and frame
+        return Decision(bool(reply[at]), [Outcome(bool(reply[at + 1]), int(reply[at + 2]), int(reply[at + 3]))])
     return Decision(bool(reply[at]), [Outcome(bool(reply[i]), int(reply[i + 1]), int(reply[i + 2]))
                                       for i in range(at + 1, at + 1 + 3 * n, 3)])
 
