@@ -10,7 +10,7 @@ three under load): use it to compare two versions of the code, and bench.layers 
 load.
 
     apt-get install valgrind redis-server
-    python -m bench.instructions [--calls 2000] [--against DIR]   # from the root; DIR: another checkout
+    python -m bench.instructions [--calls 2000] [--flat] [--against DIR]   # from the root; DIR: another checkout
 
 Each version (this checkout's, and DIR's with ``--against``) is counted twice and the lower count kept: now and
 then a run counts a few percent more (a collection of the heap's oldest generation falling inside it).
@@ -31,6 +31,7 @@ from typing import Any
 import redis
 import uvloop
 
+from bench.layers import flat_handler
 from bench.run import private_redis
 from slidegate._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
@@ -55,20 +56,19 @@ class _Context:
         return None
 
 
-async def calls(redis_url: str, count: int) -> None:
-    """``count`` decisions of one remembered request, one at a time, after five to remember it; each checked
-    (answered OK, counted in Redis)."""
-    work = Path(tempfile.mkdtemp(prefix="slidegate-instructions-"))
-    (work / "config").mkdir()
-    (work / "config" / "bench.yaml").write_text(CONFIG)
-    prefix = f"bench-instructions-{uuid.uuid4().hex[:8]}:"
-    app = build(Settings.load({"RUNTIME_ROOT": str(work), "RUNTIME_SUBDIRECTORY": "", "RUNTIME_WATCH_ROOT": "false",
-                               "REDIS_URL": redis_url, "CACHE_KEY_PREFIX": prefix}))
+async def calls(redis_url: str, count: int, prefix: str, *, flat: bool = False) -> None:
+    """``count`` decisions of one remembered request (keys under ``prefix``), one at a time, after five to remember
+    it, each checked (answered OK, counted in Redis), by slidegate's service or, with ``flat``, by bench.layers'
+    flat path (an experiment: the common path in one coroutine)."""
+    with tempfile.TemporaryDirectory(prefix="slidegate-instructions-") as work:
+        (Path(work) / "bench.yaml").write_text(CONFIG)
+        app = build(Settings.load({"CONFIG_DIR": work, "RUNTIME_WATCH_ROOT": "false", "REDIS_URL": redis_url,
+                                   "CACHE_KEY_PREFIX": prefix}))
     await app.backend.ping()
     data = rls_pb2.RateLimitRequest(domain="bench", descriptors=[ratelimit_pb2.RateLimitDescriptor(
         entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key="sliding_window_log", value="k1")])]).SerializeToString()
     context: Any = _Context()
-    answer = app.service.should_rate_limit
+    answer = flat_handler(app) if flat else app.service.should_rate_limit
     for _ in range(5 + count):
         response = await answer(data, context)
         if response.overall_code != rls_pb2.RateLimitResponse.OK:
@@ -83,24 +83,30 @@ async def calls(redis_url: str, count: int) -> None:
         sys.exit(f"{decided} calls counted in Redis, {5 + count} made")
 
 
-def instructions(tree: Path, redis_url: str, count: int) -> int:
-    """The instructions callgrind counts in a child process making ``count`` calls with slidegate from ``tree``."""
+def instructions(tree: Path, redis_url: str, count: int, path: str) -> int:
+    """The instructions callgrind counts in a child process making ``count`` calls with slidegate from ``tree``
+    (``path``: service or flat)."""
     with tempfile.TemporaryDirectory(prefix="slidegate-callgrind-") as directory:
-        out = Path(directory) / "callgrind.out"
-        env = {**os.environ, "PYTHONPATH": f"{tree / 'server'}{os.pathsep}{HERE.parent}"}
-        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-m",
-                        "bench.instructions", "--child", redis_url, str(count)],
-                       check=True, env=env, cwd=HERE.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        out, log = Path(directory) / "callgrind.out", Path(directory) / "valgrind.log"
+        # the same hashes every run: a dict's layout, and so its instructions, follow them
+        env = {**os.environ, "PYTHONPATH": f"{tree / 'server'}{os.pathsep}{HERE.parent}", "PYTHONHASHSEED": "0"}
+        prefix = f"bench-instructions-{uuid.uuid4().hex[:8]}:"
+        child = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", f"--log-file={log}",
+                                sys.executable, "-m", "bench.instructions", "--child", redis_url, str(count), prefix,
+                                path], env=env, cwd=HERE.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
+        if child.returncode != 0:
+            sys.exit(f"the calls with slidegate from {tree} failed: {child.stderr.strip()[-2000:]}")
         found = re.search(r"^summary: (\d+)$", out.read_text(), re.MULTILINE)
         if found is None:
             sys.exit(f"no summary in callgrind's output for {tree}")
         return int(found.group(1))
 
 
-def per_call(tree: Path, redis_url: str, warm: int, count: int) -> int:
+def per_call(tree: Path, redis_url: str, warm: int, count: int, path: str = "service") -> int:
     """Instructions of one call with slidegate from ``tree``: the lower of two counts."""
-    return min((instructions(tree, redis_url, warm + count) - instructions(tree, redis_url, warm)) // count
-               for _ in range(2))
+    return min((instructions(tree, redis_url, warm + count, path) - instructions(tree, redis_url, warm, path))
+               // count for _ in range(2))
 
 
 def main() -> None:
@@ -108,17 +114,21 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000, help="calls counted (default 2000)")
     parser.add_argument("--warm", type=int, default=1000, help="calls made before, in both runs (default 1000)")
     parser.add_argument("--against", metavar="DIR", help="also count the checkout DIR's slidegate")
-    parser.add_argument("--child", nargs=2, metavar=("REDIS_URL", "COUNT"), help=argparse.SUPPRESS)
+    parser.add_argument("--flat", action="store_true",
+                        help="also count bench.layers' flat path (an experiment: the common path in one coroutine)")
+    parser.add_argument("--child", nargs=4, metavar=("REDIS_URL", "COUNT", "PREFIX", "PATH"), help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.child:
-        url, count = options.child
-        uvloop.run(calls(url, int(count)))
+        url, count, prefix, path = options.child
+        uvloop.run(calls(url, int(count), prefix, flat=path == "flat"))
         return
-    trees = [("this checkout", HERE.parent)]
+    rows = [("this checkout", HERE.parent, "service")]
+    if options.flat:
+        rows.append(("this checkout, bench.layers' flat path", HERE.parent, "flat"))
     if options.against:
-        trees.append((options.against, Path(options.against).resolve()))
+        rows.append((options.against, Path(options.against).resolve(), "service"))
     with private_redis() as (url, _):
-        counts = [(name, per_call(tree, url, options.warm, options.calls)) for name, tree in trees]
+        counts = [(name, per_call(tree, url, options.warm, options.calls, path)) for name, tree, path in rows]
     print("| slidegate | instructions a call | ratio to this checkout's |")
     print("|---|---|---|")
     for name, count in counts:

@@ -8,14 +8,15 @@ import redis
 from bench import instructions
 
 
-async def test_the_counted_calls_are_decided_and_their_key_removed(redis_url: str) -> None:
-    before = set(redis.Redis.from_url(redis_url).scan_iter("bench-instructions-*"))
-    await instructions.calls(redis_url, 3)  # exits with the reason when a call is answered or counted wrongly
-    assert set(redis.Redis.from_url(redis_url).scan_iter("bench-instructions-*")) == before
+@pytest.mark.parametrize("flat", [False, True], ids=["service", "flat path"])
+async def test_the_counted_calls_are_decided_and_their_key_removed(redis_url: str, key_prefix: str,
+                                                                   flat: bool) -> None:
+    await instructions.calls(redis_url, 3, key_prefix, flat=flat)  # exits with the reason when a call goes wrong
+    assert list(redis.Redis.from_url(redis_url).scan_iter(f"{key_prefix}*")) == []
 
 
-async def test_a_wrong_count_stops_the_run(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # a limit other than the one the calls hit: nothing is counted under the key the check reads
+async def test_a_wrong_count_stops_the_run(redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a rule the calls' descriptor does not match: each call is answered OK, and none is counted
     monkeypatch.setattr(instructions, "CONFIG", instructions.CONFIG.replace("sliding_window_log", "fixed_window"))
     with pytest.raises(SystemExit, match="0 calls counted in Redis, 8 made"):
-        await instructions.calls(redis_url, 3)
+        await instructions.calls(redis_url, 3, key_prefix)
