@@ -18,8 +18,8 @@ The layers, each from ``minimal`` on adding to the one before (``flat`` and ``fl
 - ``flat``: an experiment, not slidegate's path: the whole decision of a remembered request in one coroutine, every
   rule in its leanest form (the call and its latencies counted, the over-limit cache, breaker and Redis's silence
   looked at, a place of the batcher, a permit and an idle connection taken, the round trip tracked, the batch's
-  bound armed, the limit's counters, the response filled in on its skeleton); anything else goes the Limiter's
-  way. What a flat common path would cost at best.
+  bound armed, the limit's counters, the response filled in on its skeleton); anything else goes the service's
+  own way. What a flat common path would cost at best.
 - ``flatb``: ``flat`` with the script call made by the Redis backend's decision (natural batching and its bounds)
   instead of on the connection directly: what the backend's machinery costs under load.
 - ``backend``: the call decided by the Redis backend (natural batching, the batch's bound and the caller's,
@@ -117,9 +117,12 @@ def remembering(service: RateLimitService) -> Callable[[bytes], Prepared]:
 
 
 def flat_handler(app: Application, through_backend: bool = False) -> Handler:
-    """The whole decision of a remembered request in one coroutine, each rule in its leanest form (an experiment:
-    what a flat common path would cost); anything but the common case goes the Limiter's way."""
-    service, limiter = app.service, app.limiter
+    """The whole decision of a remembered request of one limit in one coroutine, each rule in its leanest form (an
+    experiment: what a flat common path would cost); anything but the common case (the over-limit cache holding
+    anything, Redis refused, no free place or permit or idle connection, several limits) goes slidegate's own way,
+    the service's, with all its bookkeeping. ``through_backend``: the script call made by the Redis backend's
+    decision (its batching and bounds) instead of on an idle connection directly."""
+    service = app.service
     backend = redis_backend(app)
     prepare = remembering(service)
 
@@ -145,31 +148,33 @@ def flat_handler(app: Application, through_backend: bool = False) -> Handler:
         return answer
 
     async def handler(data: bytes, context: Any) -> rls_pb2.RateLimitResponse:
-        started = time.perf_counter()
-        metrics.total_requests.inc()
         found = prepare(data)
-        plan = found.plan
-        checks = plan.checks
+        checks = found.plan.checks
         timeout = context.time_remaining()
+        if len(checks) != 1 or (cache is not None and cache._blocked):
+            return await service.should_rate_limit(data, context)
         if through_backend:
+            started = time.perf_counter()
+            metrics.total_requests.inc()
             decision = await backend.decide(checks, None, timeout)
             outcome = decision.outcomes[0]
             return answered(found, started, decision.admitted, outcome.over, outcome.remaining, outcome.reset_us)
-        if ((cache is not None and cache._blocked) or backend._refusal(timeout) is not None
-                or batcher._waiting or batcher._in_flight >= 2 or not idle or not permits.take_now()):
-            statuses = await limiter.decide(plan, timeout)
-            return build_response(plan.domain, found.descriptors, statuses, skeleton=found.skeleton)
+        if (backend._refusal(timeout) is not None or batcher._waiting
+                or batcher._in_flight >= batcher._max_in_flight or not idle or not permits.take_now()):
+            return await service.should_rate_limit(data, context)
+        started = time.perf_counter()
+        metrics.total_requests.inc()
         loop = asyncio.get_running_loop()
         batcher._in_flight += 1
         connection = idle.pop()
         asking = next(backend._asking)
         asked[asking] = time.monotonic()
         expired: list[bool] = []
-        future = connection.call(backend._lone_call((checks, "", False)))
-        due = loop.time() + 0.25
-        batcher._arm(loop, due)
-        batcher._out[id(expired)] = (due, future, expired)
         try:
+            future = connection.call(backend._lone_call((checks, "", False)))
+            due = loop.time() + backend._timeout
+            batcher._arm(loop, due)
+            batcher._out[id(expired)] = (due, future, expired)
             replies = await future
         except BaseException:
             connection.close()  # its reply, if it comes, must not be read as another call's
