@@ -175,7 +175,9 @@ async def test_malformed_and_oversized_requests(rls: Callable[..., object]) -> N
         await raw(b"\xff\xff\xff\xff")
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     # the reason names the message the caller sent, not the lenient type it is read with (service.py)
-    assert caught.value.details() == "malformed RateLimitRequest: Wire format was corrupt"
+    details = caught.value.details() or ""
+    assert details.startswith("malformed RateLimitRequest: ")
+    assert "Lenient" not in details and "slidegate.wire" not in details
     cases = [
         (request("d", *[descriptor(("k", str(i))) for i in range(1001)]), "too many descriptors: 1001 (at most 1000)"),
         (request("d", descriptor(*[("k", "v")] * 65)), "descriptor 0: too many entries: 65 (at most 64)"),
