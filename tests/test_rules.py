@@ -5,6 +5,7 @@ unit multipliers, negative hits, wildcards and unlimited rules. Their wire form 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import grpc
 import pytest
@@ -13,7 +14,9 @@ from google.protobuf import json_format
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate._proto.envoy.type.v3 import ratelimit_unit_pb2
 from slidegate.algorithms import Algorithm
-from slidegate.limiter import InvalidOverride
+from slidegate.backends.memory import MemoryBackend
+from slidegate.config import load_directory
+from slidegate.limiter import Descriptor, InvalidOverride, Limiter, Status
 from slidegate.service import InvalidRequest, refusal
 from tests.conftest import Clock, Decider
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
@@ -259,3 +262,24 @@ async def test_global_quota_mode(limits: Limits) -> None:
     shadow = descriptor(("shadow", "g"))
     codes = [(await service.should_rate_limit(request("f", shadow))).statuses[0].code for _ in range(2)]
     assert codes == [OK, OK]  # over from the second, but a shadow answers OK
+
+
+async def test_a_decisions_statuses_keep_each_field_in_its_place(write_config: Callable[..., Path],
+                                                                 clock: Clock) -> None:
+    # the Limiter makes a decision's statuses by position (limiter.py): each field must land where its name says
+    config = load_directory(write_config("""
+        domain: d
+        descriptors:
+          - key: k
+            shadow_mode: true
+            rate_limit: {unit: minute, requests_per_unit: 3}
+        """))
+    limiter = Limiter(lambda: config, MemoryBackend(), clock=clock)
+    plan = limiter.prepare("d", [Descriptor((("k", "v"),), hits_addend=2)])
+    (status,) = await limiter.decide(plan)
+    matched = plan.statuses[0]
+    assert matched.limit is not None and matched.rule is not None
+    # fields of different values (over and shadow, remaining and hits), so that a shift between them shows
+    assert status == Status(limit=matched.limit, over=False, remaining=1, reset_us=status.reset_us, shadow=True,
+                            rule=matched.rule, quota=False, hits=2, degraded=None, late=False, cached=False)
+    assert 0 < status.reset_us <= 60_000_000
