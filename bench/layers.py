@@ -39,6 +39,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -47,12 +48,14 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import redis
 import uvloop
+from redis.exceptions import NoScriptError
 
 from bench.run import body, h2load, private_redis
 from slidegate import stack
@@ -116,12 +119,27 @@ def remembering(service: RateLimitService) -> Callable[[bytes], Prepared]:
     return prepare
 
 
-def flat_handler(app: Application, through_backend: bool = False) -> Handler:
+@dataclass
+class Taken:
+    """The calls a flat path decided itself, and those it sent the service's way."""
+
+    flat: int = 0
+    service: int = 0
+
+    def share(self) -> str:
+        calls = self.flat + self.service
+        return f"{self.service / calls:.0%} of {calls:,} calls went the service's way" if calls else "no calls"
+
+
+def flat_handler(app: Application, through_backend: bool = False, taken: Taken | None = None) -> Handler:
     """The whole decision of a remembered request of one limit in one coroutine, each rule in its leanest form (an
-    experiment: what a flat common path would cost); anything but the common case (the over-limit cache holding
-    anything, Redis refused, no free place or permit or idle connection, several limits) goes slidegate's own way,
-    the service's, with all its bookkeeping. ``through_backend``: the script call made by the Redis backend's
-    decision (its batching and bounds) instead of on an idle connection directly."""
+    experiment: what a flat common path would cost); a call out of the common case before it is sent (the
+    over-limit cache holding anything, the breaker open or Redis silent, no free place, idle connection or permit,
+    several limits) goes slidegate's own way, the service's, with all its bookkeeping, and so does one answered
+    NOSCRIPT (nothing ran); any other error reply, a lost connection or a cut-off ends the call with an error.
+    ``through_backend``: the script call made by the Redis backend's decision (its batching and bounds) instead
+    of on an idle connection directly. ``taken`` counts the calls each way."""
+    taken = taken or Taken()
     service = app.service
     backend = redis_backend(app)
     prepare = remembering(service)
@@ -152,19 +170,26 @@ def flat_handler(app: Application, through_backend: bool = False) -> Handler:
         checks = found.plan.checks
         timeout = context.time_remaining()
         if len(checks) != 1 or (cache is not None and cache._blocked):
+            taken.service += 1
             return await service.should_rate_limit(data, context)
         if through_backend:
+            taken.flat += 1
             started = time.perf_counter()
             metrics.total_requests.inc()
             decision = await backend.decide(checks, None, timeout)
             outcome = decision.outcomes[0]
             return answered(found, started, decision.admitted, outcome.over, outcome.remaining, outcome.reset_us)
-        if (backend._refusal(timeout) is not None or batcher._waiting
-                or batcher._in_flight >= batcher._max_in_flight or not idle or not permits.take_now()):
+        loop = asyncio.get_running_loop()
+        # the breaker's own test last: while it is open, a call it lets through is its probe, which must reach Redis
+        if (batcher._waiting or batcher._in_flight >= batcher._max_in_flight or not idle
+                or backend._idle_loop is not loop or idle[-1].closed
+                or (backend._breaker is not None and backend._breaker.is_open)
+                or backend._refusal(timeout) is not None or not permits.take_now()):
+            taken.service += 1
             return await service.should_rate_limit(data, context)
+        taken.flat += 1
         started = time.perf_counter()
         metrics.total_requests.inc()
-        loop = asyncio.get_running_loop()
         batcher._in_flight += 1
         connection = idle.pop()
         asking = next(backend._asking)
@@ -188,7 +213,13 @@ def flat_handler(app: Application, through_backend: bool = False) -> Handler:
                 batcher._flush(loop)
         idle.append(connection)
         backend._answered()
-        admitted, over, remaining, reset_us = replies[0]
+        reply = replies[0]
+        if isinstance(reply, NoScriptError):  # Redis restarted: nothing ran, and the service's way loads the script
+            taken.flat, taken.service = taken.flat - 1, taken.service + 1
+            return await service.should_rate_limit(data, context)
+        if isinstance(reply, Exception):
+            raise reply
+        admitted, over, remaining, reset_us = reply
         return answered(found, started, bool(admitted), bool(over), remaining, reset_us)
 
     return handler
@@ -205,6 +236,7 @@ async def serve_layer(layer: str, port: int, config_root: str, redis_url: str, k
     prepare = remembering(service)
 
     handler: Handler
+    taken = None
     if layer == "minimal":
         connection = await WireConnection.take_over(await backend._pool.get_connection())  # type: ignore[union-attr]
         packed: dict[bytes, bytes] = {}
@@ -217,7 +249,8 @@ async def serve_layer(layer: str, port: int, config_root: str, redis_url: str, k
             admitted, over, remaining, reset_us = (await connection.call(call))[0]
             return response(bool(admitted), bool(over), remaining, reset_us, found)
     elif layer in ("flat", "flatb"):
-        handler = flat_handler(app, through_backend=layer == "flatb")
+        taken = Taken()
+        handler = flat_handler(app, through_backend=layer == "flatb", taken=taken)
     elif layer == "backend":
         async def handler(data: bytes, context: Any) -> rls_pb2.RateLimitResponse:
             found = prepare(data)
@@ -237,7 +270,12 @@ async def serve_layer(layer: str, port: int, config_root: str, redis_url: str, k
             handler, request_deserializer=None, response_serializer=rls_pb2.RateLimitResponse.SerializeToString)}),))
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
-    await server.wait_for_termination()
+    stopped = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped.set)
+    await stopped.wait()
+    if taken is not None:
+        print(f"{layer}: {taken.share()}", file=sys.stderr, flush=True)
+    await server.stop(0)
 
 
 def listening(port: int, timeout: float = 20.0) -> None:
