@@ -1,5 +1,5 @@
-"""A call's cost in CPU instructions, counted by valgrind: the same count run after run, whatever else the machine
-is doing, where timings on a shared 2-core machine move ±10% between rounds and hide a change of a few percent.
+"""A call's cost in CPU instructions, counted by valgrind: counts that repeat within a few percent whatever else the
+machine is doing, where timings on a shared 2-core machine move ±10% between rounds and hide a change of that size.
 
 slidegate's decision of one remembered request (RateLimitService.should_rate_limit, one descriptor, sliding-window
 log, a real Redis), called in one process one call at a time, runs under ``valgrind --tool=callgrind`` twice: with
@@ -10,10 +10,11 @@ three under load): use it to compare two versions of the code, and bench.layers 
 load.
 
     apt-get install valgrind redis-server
-    python -m bench.instructions [--calls 2000] [--flat] [--against DIR]   # from the root; DIR: another checkout
+    python -m bench.instructions [--calls 2000] [--warm 1000] [--flat] [--against DIR]   # from the root
 
-Each version (this checkout's, and DIR's with ``--against``) is counted twice and the lower count kept: now and
-then a run counts a few percent more (a collection of the heap's oldest generation falling inside it).
+Each version (this checkout's, and DIR's with ``--against``) is counted twice and the lower count kept: a run
+counts up to a few percent more now and then (what falls inside it of the garbage collector's and the event loop's
+occasional work), and once in a while far more.
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import redis
 import uvloop
 
-from bench.layers import flat_handler
 from bench.run import private_redis
 from slidegate._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
@@ -68,17 +69,25 @@ async def calls(redis_url: str, count: int, prefix: str, *, flat: bool = False) 
     data = rls_pb2.RateLimitRequest(domain="bench", descriptors=[ratelimit_pb2.RateLimitDescriptor(
         entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key="sliding_window_log", value="k1")])]).SerializeToString()
     context: Any = _Context()
-    answer = flat_handler(app) if flat else app.service.should_rate_limit
-    for _ in range(5 + count):
-        response = await answer(data, context)
-        if response.overall_code != rls_pb2.RateLimitResponse.OK:
-            sys.exit(f"a call was answered {response}")
-    await app.backend.close()
-    await app.quotas.close()
-    with redis.Redis.from_url(redis_url) as client:
-        key = limit_key(prefix, Algorithm.SLIDING_WINDOW_LOG.value, "bench", [("sliding_window_log", "k1")])
-        decided = client.zcount(key, "(0", "+inf")  # the hits (lua/sliding_window_log.lua)
-        client.delete(key)
+    answer: Callable[[bytes, Any], Awaitable[rls_pb2.RateLimitResponse]] = app.service.should_rate_limit
+    if flat:
+        # imported only here: bench.layers needs slidegate's internals of today, which an older checkout measured
+        # with --against may not have
+        from bench.layers import flat_handler
+
+        answer = flat_handler(app)
+    key = limit_key(prefix, Algorithm.SLIDING_WINDOW_LOG.value, "bench", [("sliding_window_log", "k1")])
+    try:
+        for _ in range(5 + count):
+            response = await answer(data, context)
+            if response.overall_code != rls_pb2.RateLimitResponse.OK:
+                sys.exit(f"a call was answered {response}")
+    finally:
+        await app.backend.close()
+        await app.quotas.close()
+        with redis.Redis.from_url(redis_url) as client:
+            decided = client.zcount(key, "(0", "+inf")  # the hits (lua/sliding_window_log.lua)
+            client.delete(key)
     if decided != 5 + count:
         sys.exit(f"{decided} calls counted in Redis, {5 + count} made")
 
@@ -96,7 +105,9 @@ def instructions(tree: Path, redis_url: str, count: int, path: str) -> int:
                                 path], env=env, cwd=HERE.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True)
         if child.returncode != 0:
-            sys.exit(f"the calls with slidegate from {tree} failed: {child.stderr.strip()[-2000:]}")
+            # the child's reason, or valgrind's own (in its log)
+            said = child.stderr.strip() or (log.read_text().strip() if log.exists() else "")
+            sys.exit(f"the calls with slidegate from {tree} failed: {said[-2000:]}")
         found = re.search(r"^summary: (\d+)$", out.read_text(), re.MULTILINE)
         if found is None:
             sys.exit(f"no summary in callgrind's output for {tree}")
