@@ -266,20 +266,29 @@ async def test_global_quota_mode(limits: Limits) -> None:
 
 async def test_a_decisions_statuses_keep_each_field_in_its_place(write_config: Callable[..., Path],
                                                                  clock: Clock) -> None:
-    # the Limiter makes a decision's statuses by position (limiter.py): each field must land where its name says
+    # the Limiter makes a decision's statuses by position (limiter.py): each field must land where its name says;
+    # decisions whose fields differ (over or not, shadow, quota, remaining and hits), so that a shift between shows
     config = load_directory(write_config("""
         domain: d
         descriptors:
           - key: k
             shadow_mode: true
             rate_limit: {unit: minute, requests_per_unit: 3}
+          - key: q
+            quota_mode: true
+            rate_limit: {unit: minute, requests_per_unit: 5}
         """))
     limiter = Limiter(lambda: config, MemoryBackend(), clock=clock)
     plan = limiter.prepare("d", [Descriptor((("k", "v"),), hits_addend=2)])
-    (status,) = await limiter.decide(plan)
     matched = plan.statuses[0]
     assert matched.limit is not None and matched.rule is not None
-    # fields of different values (over and shadow, remaining and hits), so that a shift between them shows
-    assert status == Status(limit=matched.limit, over=False, remaining=1, reset_us=status.reset_us, shadow=True,
-                            rule=matched.rule, quota=False, hits=2, degraded=None, late=False, cached=False)
-    assert 0 < status.reset_us <= 60_000_000
+    for over, remaining in ((False, 1), (True, 0)):
+        (status,) = await limiter.decide(plan)
+        assert status == Status(limit=matched.limit, over=over, remaining=remaining, reset_us=status.reset_us,
+                                shadow=True, rule=matched.rule, quota=False, hits=2, degraded=None, late=False,
+                                cached=False)
+        assert 0 < status.reset_us <= 60_000_000
+    quota_plan = limiter.prepare("d", [Descriptor((("q", "v"),), hits_addend=2)])
+    (status,) = await limiter.decide(quota_plan)
+    assert status == quota_plan.statuses[0]._replace(remaining=3, reset_us=status.reset_us)
+    assert (status.quota, status.shadow, status.over, status.hits) == (True, False, False, 2)

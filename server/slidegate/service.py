@@ -319,7 +319,8 @@ class RateLimitService:
             request = Request.FromString(data)
         except DecodeError as exc:
             # protobuf's message may name the type it parsed: our lenient twin, which the caller never heard of
-            reason = str(exc).replace(Request.DESCRIPTOR.full_name, rls_pb2.RateLimitRequest.DESCRIPTOR.full_name)
+            reason = (str(exc).replace(Request.DESCRIPTOR.full_name, rls_pb2.RateLimitRequest.DESCRIPTOR.full_name)
+                      or "not a protobuf message")
             raise InvalidRequest(f"malformed RateLimitRequest: {reason}") from exc
         domain, descriptors = parse_request(request)
         remember = (len(data) <= PREPARED_MAX_BYTES and len(descriptors) <= PREPARED_MAX_DESCRIPTORS
