@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 import redis
@@ -26,6 +27,8 @@ class RedisServer:
         self.binary = binary
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="slidegate-redis-")
+        # its directory goes with it even when a test stops it without cleanup (the suite left a few each run)
+        self._remove_dir = weakref.finalize(self, shutil.rmtree, self.dir, True)
         self.process: subprocess.Popen[bytes] | None = None
         self.extra_args: tuple[str, ...] = ()
 
@@ -70,4 +73,4 @@ class RedisServer:
 
     def cleanup(self) -> None:
         self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self._remove_dir()
