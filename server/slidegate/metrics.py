@@ -305,12 +305,7 @@ class LimitCounters:
         of it was admitted: the reference, which counts the hits that still fit, puts those in near_limit)."""
         if hits <= 0:
             return
-        counts = self._counts
-        total = counts[_TOTAL_HITS]
-        if total is None:
-            self._add(_TOTAL_HITS, hits)
-        else:
-            total.inc(hits)
+        self._add(_TOTAL_HITS, hits)
         if over:
             self._add(LimitStat.OVER_LIMIT, hits)
             if cached:
@@ -322,8 +317,4 @@ class LimitCounters:
         used = limit - remaining
         if used > near:
             self._add(LimitStat.NEAR_LIMIT, min(hits, used - near))
-        within = counts[_WITHIN_LIMIT]
-        if within is None:
-            self._add(_WITHIN_LIMIT, hits)
-        else:
-            within.inc(hits)
+        self._add(_WITHIN_LIMIT, hits)
