@@ -7,10 +7,11 @@ log, a real Redis), called in one process one call at a time, runs under ``valgr
 instructions of one call, start-up and warm-up left out. It counts Python's and the event loop's instructions, not
 gRPC's (no server) nor the cost of a loaded machine (docs/performance.md: a microsecond in one process is two or
 three under load): use it to compare two versions of the code, and bench.layers to see what a change does under
-load.
+load. With ``--over`` the request counted is over its limit (one an hour), answered from the over-limit cache after
+its first call: an attack's path.
 
     apt-get install valgrind redis-server
-    python -m bench.instructions [--calls 2000] [--warm 1000] [--flat] [--against DIR]   # from the root
+    python -m bench.instructions [--calls 2000] [--warm 1000] [--flat | --over] [--against DIR]   # from the root
 
 Each version (this checkout's, and DIR's with ``--against``) is counted twice and the lower count kept: a run
 counts up to a few percent more now and then (what falls inside it of the garbage collector's and the event loop's
@@ -47,6 +48,8 @@ domain: bench
 descriptors:
   - key: sliding_window_log
     rate_limit: {unit: hour, requests_per_unit: 1000000000}
+  - key: over
+    rate_limit: {unit: hour, requests_per_unit: 1}
 """
 
 
@@ -57,17 +60,21 @@ class _Context:
         return None
 
 
-async def calls(redis_url: str, count: int, prefix: str, *, flat: bool = False) -> None:
+async def calls(redis_url: str, count: int, prefix: str, *, flat: bool = False, over: bool = False) -> None:
     """``count`` decisions of one remembered request (keys under ``prefix``), one at a time, after five to remember
-    it, each checked (answered OK, counted in Redis), by slidegate's service or, with ``flat``, by bench.layers'
+    it, each checked (answered OK and counted in Redis; with ``over``, of a limit of one an hour: answered
+    OVER_LIMIT after the first, which alone is counted), by slidegate's service or, with ``flat``, by bench.layers'
     flat path (an experiment: the common path in one coroutine)."""
     with tempfile.TemporaryDirectory(prefix="slidegate-instructions-") as work:
         (Path(work) / "bench.yaml").write_text(CONFIG)
+        # REDIS_TIMEOUT: under valgrind a call takes some fifty times as long, and 250 ms made the first one
+        # (connecting, loading the script) fail now and then; its value is not in the path counted
         app = build(Settings.load({"CONFIG_DIR": work, "RUNTIME_WATCH_ROOT": "false", "REDIS_URL": redis_url,
-                                   "CACHE_KEY_PREFIX": prefix}))
+                                   "CACHE_KEY_PREFIX": prefix, "REDIS_TIMEOUT": "10s"}))
     await app.backend.ping()
+    entry = ("over" if over else "sliding_window_log", "k1")
     data = rls_pb2.RateLimitRequest(domain="bench", descriptors=[ratelimit_pb2.RateLimitDescriptor(
-        entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key="sliding_window_log", value="k1")])]).SerializeToString()
+        entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=entry[0], value=entry[1])])]).SerializeToString()
     context: Any = _Context()
     answer: Callable[[bytes, Any], Awaitable[rls_pb2.RateLimitResponse]] = app.service.should_rate_limit
     if flat:
@@ -76,11 +83,12 @@ async def calls(redis_url: str, count: int, prefix: str, *, flat: bool = False) 
         from bench.layers import flat_handler
 
         answer = flat_handler(app)
-    key = limit_key(prefix, Algorithm.SLIDING_WINDOW_LOG.value, "bench", [("sliding_window_log", "k1")])
+    key = limit_key(prefix, Algorithm.SLIDING_WINDOW_LOG.value, "bench", [entry])
     try:
-        for _ in range(5 + count):
+        for made in range(5 + count):
             response = await answer(data, context)
-            if response.overall_code != rls_pb2.RateLimitResponse.OK:
+            expected = rls_pb2.RateLimitResponse.OVER_LIMIT if over and made else rls_pb2.RateLimitResponse.OK
+            if response.overall_code != expected:
                 sys.exit(f"a call was answered {response}")
     finally:
         await app.backend.close()
@@ -88,13 +96,13 @@ async def calls(redis_url: str, count: int, prefix: str, *, flat: bool = False) 
         with redis.Redis.from_url(redis_url) as client:
             decided = client.zcount(key, "(0", "+inf")  # the hits (lua/sliding_window_log.lua)
             client.delete(key)
-    if decided != 5 + count:
-        sys.exit(f"{decided} calls counted in Redis, {5 + count} made")
+    if decided != (1 if over else 5 + count):
+        sys.exit(f"{decided} calls counted in Redis, {5 + count} made" + (", over their limit of 1" if over else ""))
 
 
 def instructions(tree: Path, redis_url: str, count: int, path: str) -> int:
     """The instructions callgrind counts in a child process making ``count`` calls with slidegate from ``tree``
-    (``path``: service or flat)."""
+    (``path``: service, flat or over)."""
     with tempfile.TemporaryDirectory(prefix="slidegate-callgrind-") as directory:
         out, log = Path(directory) / "callgrind.out", Path(directory) / "valgrind.log"
         # the same hashes every run: a dict's layout, and so its instructions, follow them
@@ -127,17 +135,23 @@ def main() -> None:
     parser.add_argument("--against", metavar="DIR", help="also count the checkout DIR's slidegate")
     parser.add_argument("--flat", action="store_true",
                         help="also count bench.layers' flat path (an experiment: the common path in one coroutine)")
+    parser.add_argument("--over", action="store_true",
+                        help="count a request over its limit instead, answered from the over-limit cache (an attack's "
+                             "path)")
     parser.add_argument("--child", nargs=4, metavar=("REDIS_URL", "COUNT", "PREFIX", "PATH"), help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.child:
         url, count, prefix, path = options.child
-        uvloop.run(calls(url, int(count), prefix, flat=path == "flat"))
+        uvloop.run(calls(url, int(count), prefix, flat=path == "flat", over=path == "over"))
         return
-    rows = [("this checkout", HERE.parent, "service")]
+    if options.flat and options.over:
+        parser.error("--flat counts a request within its limit: not with --over")
+    path = "over" if options.over else "service"
+    rows = [("this checkout", HERE.parent, path)]
     if options.flat:
         rows.append(("this checkout, bench.layers' flat path", HERE.parent, "flat"))
     if options.against:
-        rows.append((options.against, Path(options.against).resolve(), "service"))
+        rows.append((options.against, Path(options.against).resolve(), path))
     with private_redis() as (url, _):
         counts = [(name, per_call(tree, url, options.warm, options.calls, path)) for name, tree, path in rows]
     print("| slidegate | instructions a call | ratio to this checkout's |")

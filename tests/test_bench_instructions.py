@@ -8,10 +8,12 @@ import redis
 from bench import instructions
 
 
-@pytest.mark.parametrize("flat", [False, True], ids=["service", "flat path"])
+@pytest.mark.parametrize(("flat", "over"), [(False, False), (True, False), (False, True)],
+                         ids=["service", "flat path", "over its limit"])
 async def test_the_counted_calls_are_decided_and_their_key_removed(redis_url: str, key_prefix: str,
-                                                                   flat: bool) -> None:
-    await instructions.calls(redis_url, 3, key_prefix, flat=flat)  # exits with the reason when a call goes wrong
+                                                                   flat: bool, over: bool) -> None:
+    # exits with the reason when a call goes wrong
+    await instructions.calls(redis_url, 3, key_prefix, flat=flat, over=over)
     assert list(redis.Redis.from_url(redis_url).scan_iter(f"{key_prefix}*")) == []
 
 
@@ -20,3 +22,12 @@ async def test_a_wrong_count_stops_the_run(redis_url: str, key_prefix: str, monk
     monkeypatch.setattr(instructions, "CONFIG", instructions.CONFIG.replace("sliding_window_log", "fixed_window"))
     with pytest.raises(SystemExit, match="0 calls counted in Redis, 8 made"):
         await instructions.calls(redis_url, 3, key_prefix)
+
+
+async def test_calls_over_their_limit_are_answered_over_limit(redis_url: str, key_prefix: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # a limit the calls fit in: the second is answered OK where OVER_LIMIT is due
+    monkeypatch.setattr(instructions, "CONFIG", instructions.CONFIG.replace("requests_per_unit: 1}",
+                                                                            "requests_per_unit: 100}"))
+    with pytest.raises(SystemExit, match="a call was answered"):
+        await instructions.calls(redis_url, 3, key_prefix, over=True)
