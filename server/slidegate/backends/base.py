@@ -91,10 +91,15 @@ def admits(checks: Sequence[Mode], over: Sequence[bool]) -> bool:
     """The admission rule (lua/decide.lua has its twin): a request is admitted unless a limit that is neither
     shadow nor quota is over, or it has quota limits and every one of them is over (envoyproxy/ratelimit's
     quota mode: src/service/ratelimit.go)."""
-    quota_over = [o for c, o in zip(checks, over, strict=True) if c.quota]
-    if quota_over and all(quota_over):
-        return False
-    return not any(o and not c.shadow and not c.quota for c, o in zip(checks, over, strict=True))
+    # one pass, no lists: an attack's every call is over and is answered by this rule (from the over-limit cache)
+    quotas = quotas_over = 0
+    for c, o in zip(checks, over, strict=True):
+        if c.quota:
+            quotas += 1
+            quotas_over += o
+        elif o and not c.shadow:
+            return False
+    return quotas == 0 or quotas_over < quotas
 
 
 class Outcome(NamedTuple):
