@@ -11,7 +11,9 @@ each step left a gap of real time in which a key could expire: the test failed a
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
+from typing import NamedTuple
 
 import pytest
 import redis
@@ -194,3 +196,21 @@ def run_trace(redis_url: str, keep_alive: str, backend_name: str, algorithm: Alg
         client = redis.Redis.from_url(redis_url)
         client.delete(*(f"{prefix}{i}" for i in range(len(limits))))  # the only keys the trace can name
         client.close()
+
+
+class _Limit(NamedTuple):
+    shadow: bool
+    quota: bool
+
+
+def test_the_admission_rule_on_every_request_of_up_to_three_limits() -> None:
+    # each limit plain, shadow, quota or both (a shadow quota limit is a quota limit: lua/decide.lua), over or not;
+    # the rule as admits' docstring states it, in its plainest form (the traffic above draws one mode a limit)
+    modes = [_Limit(shadow, quota) for shadow in (False, True) for quota in (False, True)]
+    for n in range(4):
+        for limits in itertools.product(modes, repeat=n):
+            for over in itertools.product((False, True), repeat=n):
+                quota_over = [o for c, o in zip(limits, over, strict=True) if c.quota]
+                rejected = (bool(quota_over) and all(quota_over)) or any(
+                    o and not c.shadow and not c.quota for c, o in zip(limits, over, strict=True))
+                assert admits(list(limits), list(over)) is not rejected, (limits, over)
