@@ -7,8 +7,8 @@ log, a real Redis), called in one process one call at a time, runs under ``valgr
 instructions of one call, start-up and warm-up left out. It counts Python's and the event loop's instructions, not
 gRPC's (no server) nor the cost of a loaded machine (docs/performance.md: a microsecond in one process is two or
 three under load): use it to compare two versions of the code, and bench.layers to see what a change does under
-load. With ``--over`` the request counted is over its limit (one an hour), answered from the over-limit cache after
-its first call: an attack's path.
+load. With ``--over`` the request counted is over its limit (one an hour): its first call is admitted, its second
+rejected by Redis, and every one after it answered from the over-limit cache (checked): an attack's path.
 
     apt-get install valgrind redis-server
     python -m bench.instructions [--calls 2000] [--warm 1000] [--flat | --over] [--against DIR]   # from the root
@@ -63,8 +63,9 @@ class _Context:
 async def calls(redis_url: str, count: int, prefix: str, *, flat: bool = False, over: bool = False) -> None:
     """``count`` decisions of one remembered request (keys under ``prefix``), one at a time, after five to remember
     it, each checked (answered OK and counted in Redis; with ``over``, of a limit of one an hour: answered
-    OVER_LIMIT after the first, which alone is counted), by slidegate's service or, with ``flat``, by bench.layers'
-    flat path (an experiment: the common path in one coroutine)."""
+    OVER_LIMIT after the first, which alone is counted, and from the over-limit cache after the second), by
+    slidegate's service or, with ``flat``, by bench.layers' flat path (an experiment: the common path in one
+    coroutine)."""
     with tempfile.TemporaryDirectory(prefix="slidegate-instructions-") as work:
         (Path(work) / "bench.yaml").write_text(CONFIG)
         # REDIS_TIMEOUT: under valgrind a call takes some fifty times as long, and 250 ms made the first one
@@ -89,7 +90,12 @@ async def calls(redis_url: str, count: int, prefix: str, *, flat: bool = False, 
             response = await answer(data, context)
             expected = rls_pb2.RateLimitResponse.OVER_LIMIT if over and made else rls_pb2.RateLimitResponse.OK
             if response.overall_code != expected:
-                sys.exit(f"a call was answered {response}")
+                due = rls_pb2.RateLimitResponse.Code.Name(expected)
+                sys.exit(f"call {made + 1} was answered {response}, not {due}")
+        stats = dict(line.rsplit(": ", 1) for line in app.service.metrics.render_stats().splitlines())
+        cached = sum(int(total) for name, total in stats.items() if name.endswith(".over_limit_with_local_cache"))
+        if cached != (3 + count if over else 0):
+            sys.exit(f"{cached} calls answered from the over-limit cache, {3 + count if over else 0} expected")
     finally:
         await app.backend.close()
         await app.quotas.close()
@@ -97,7 +103,7 @@ async def calls(redis_url: str, count: int, prefix: str, *, flat: bool = False, 
             decided = client.zcount(key, "(0", "+inf")  # the hits (lua/sliding_window_log.lua)
             client.delete(key)
     if decided != (1 if over else 5 + count):
-        sys.exit(f"{decided} calls counted in Redis, {5 + count} made" + (", over their limit of 1" if over else ""))
+        sys.exit(f"{decided} calls counted in Redis, {1 if over else 5 + count} expected of {5 + count} made")
 
 
 def instructions(tree: Path, redis_url: str, count: int, path: str) -> int:
