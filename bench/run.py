@@ -490,6 +490,9 @@ def main() -> None:
             for name, config, paths, rls_pid, asks in (
                 ("Envoy, no rate-limit filter", envoy_config(listener, admin, None), uris, None, False),
                 ("Envoy + filter, no-op handler", envoy_config(listener, admin, noop_port), uris, noop.pid, False),
+                # the least a decision in Redis costs behind Envoy: what slidegate's row can be held to
+                ("Envoy + filter, no-op handler + one bare EVALSHA", envoy_config(listener, admin, bare_port), uris,
+                 bare.pid, False),
                 (f"Envoy + filter, slidegate, {keys:,} keys", envoy_config(listener, admin, sg_port), uris,
                  slidegate.pid, True),
                 (f"Envoy + RLQS (rate_limit_quota filter), slidegate, {RLQS_BUCKETS} buckets",
