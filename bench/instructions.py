@@ -135,7 +135,7 @@ def per_call(tree: Path, redis_url: str, warm: int, count: int, path: str = "ser
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--calls", type=int, default=2000, help="calls counted (default 2000)")
     parser.add_argument("--warm", type=int, default=1000, help="calls made before, in both runs (default 1000)")
     parser.add_argument("--against", metavar="DIR", help="also count the checkout DIR's slidegate")

@@ -291,7 +291,7 @@ def listening(port: int, timeout: float = 20.0) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--requests", type=int, default=20_000,
                         help="calls per layer per round, after 2,000 to warm up (default 20000)")

@@ -399,7 +399,7 @@ def chart(rows: list[tuple[str, float]], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--out", default=str(HERE / "results"))

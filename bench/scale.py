@@ -401,7 +401,7 @@ def report(p1: Part1 | None, soaked: Soak | None, requests: int, load_before: st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--minutes", type=float, default=10, help="length of the RSS run (0: skip it)")
     parser.add_argument("--interval", type=float, default=10, help="seconds between RSS samples")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of part 1 (0: skip it)")

@@ -208,7 +208,7 @@ async def cost(wait: int, callers: int, seconds: float, replicated: tuple[RedisS
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--rate", type=float, default=20, help="calls per second during the failovers")
     parser.add_argument("--skip-cost", action="store_true", help="only the failovers")
     args = parser.parse_args()
