@@ -27,10 +27,11 @@ def slidegate_rate(algorithm: str, url: str, calls: int) -> float:
     from slidegate.config import load_directory
     from slidegate.limiter import Descriptor, Limiter, LimiterOptions
 
-    directory = Path(tempfile.mkdtemp())
-    (directory / "c.yaml").write_text(f"domain: core\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, "
-                                      f"requests_per_unit: 1000000000, algorithm: {algorithm}}}\n")
-    config = load_directory(directory)
+    with tempfile.TemporaryDirectory(prefix="slidegate-core-rate-") as work:
+        directory = Path(work)
+        (directory / "c.yaml").write_text(f"domain: core\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, "
+                                          f"requests_per_unit: 1000000000, algorithm: {algorithm}}}\n")
+        config = load_directory(directory)
 
     async def run() -> float:
         backend = RedisBackend(url, timeout=5)
