@@ -59,6 +59,7 @@ from slidegate import stack  # noqa: E402
 from slidegate._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2  # noqa: E402
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2  # noqa: E402
 from slidegate.keys import limit_key  # noqa: E402
+from slidegate.workers import remove_port_locks  # noqa: E402
 from tests.redis_servers import RedisServer  # noqa: E402
 from tests.redis_topologies import Cluster, SentinelGroup, wait_for  # noqa: E402
 
@@ -278,9 +279,7 @@ class Slidegate:
         self.log.close()
         warnings = sum(1 for line in (self.dir / "log").read_text(errors="replace").splitlines() if "WARNING" in line)
         shutil.rmtree(self.dir, ignore_errors=True)
-        for port in self.ports:  # `serve --workers` leaves its ports' lock files: no one holds them now
-            with contextlib.suppress(OSError):
-                (Path(tempfile.gettempdir()) / f"slidegate-port-{port}.lock").unlink()
+        remove_port_locks(self.ports)  # `serve --workers` leaves its ports' lock files: no one holds them now
         return warnings
 
 

@@ -43,6 +43,7 @@ from slidegate._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate.algorithms import Algorithm
 from slidegate.resources import lua_script
+from slidegate.workers import remove_port_locks
 
 HERE = Path(__file__).resolve().parent
 PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
@@ -470,15 +471,16 @@ def main() -> None:
             for algorithm in ALGORITHMS[1:]:
                 run(f"slidegate, 1 descriptor, {algorithm}", sg_port, slidegate.pid,
                     body((algorithm, "k1"), directory=work), debug=sg_debug)
-            workers_port, workers_debug = stack.free_port(), stack.free_port()
+            workers_port, workers_http, workers_debug = stack.free_port(), stack.free_port(), stack.free_port()
             workers = stack.start_slidegate(
                 work / "config", workers_port, redis_url=url, key_prefix=prefix,
-                extra_args=("--log-level", "warning", "--workers", "2", "--http-port", str(stack.free_port()),
+                extra_args=("--log-level", "warning", "--workers", "2", "--http-port", str(workers_http),
                             "--debug-port", str(workers_debug)))
             try:
                 run("slidegate, 2 workers, 1 descriptor, log", workers_port, workers.pid, one, debug=workers_debug)
             finally:
                 stack.stop(workers)
+                remove_port_locks((workers_port, workers_http, workers_debug))  # `serve --workers` leaves them
             listener, admin = stack.free_port(), stack.free_port()
             uris = work / "uris"
             keys = n // ENVOY_CONNECTIONS

@@ -24,6 +24,7 @@ from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
 from slidegate.logs import configure_logging
 from slidegate.settings import Settings, SettingsError
 from slidegate.stack import free_port, stop
+from slidegate.workers import lock_ports, remove_port_locks
 from tests.helpers import OK, descriptor, request
 from tests.served import Served, wait_for
 
@@ -192,3 +193,20 @@ def test_a_workers_json_lines_name_its_pid(capsys: pytest.CaptureFixture[str]) -
         watcher.setLevel(saved[3])
     line = json.loads(capsys.readouterr().err.splitlines()[-1])
     assert (line["message"], line["pid"]) == ("hello", os.getpid())
+
+
+def test_port_locks_no_one_holds_are_removed_and_held_ones_kept(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    settings = Settings.load({"GRPC_PORT": str(free_port()), "PORT": str(free_port()),
+                              "DEBUG_PORT": str(free_port())})
+    held = lock_ports(settings)
+    ports = [settings.grpc_port, settings.http_port, settings.debug_port]
+    try:
+        remove_port_locks(ports)  # a running `serve --workers` holds them: kept
+        assert sorted(path.name for path in tmp_path.iterdir()) == sorted(f"slidegate-port-{p}.lock" for p in ports)
+    finally:
+        for fd in held:
+            os.close(fd)
+    remove_port_locks([*ports, free_port()])  # stopped: removed (a port never locked is no error)
+    assert list(tmp_path.iterdir()) == []

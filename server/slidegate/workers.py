@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType
 
@@ -83,6 +84,20 @@ def _unwritable(directory: Path, exc: OSError) -> OSError:
                    "WORKERS=1 nothing is written")
 
 
+def _lock_file(directory: Path, port: int) -> Path:
+    # by port alone: two spellings of one address (0.0.0.0 and 127.0.0.1, localhost) must meet here
+    return directory / f"slidegate-port-{port}.lock"
+
+
+def remove_port_locks(ports: Iterable[int]) -> None:
+    """Remove the lock files (lock_ports) of ``ports`` that no slidegate holds, for tools that start and stop
+    `serve --workers` (a running one keeps them: removing a held file would let a second start lock a new one)."""
+    for port in ports:
+        with contextlib.suppress(OSError), _lock_file(writable_directory(), port).open("r+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_file(writable_directory(), port).unlink()
+
+
 def lock_ports(settings: Settings) -> list[int]:
     """Lock files (in TMPDIR, one per port) held for the parent's life, so that a second `serve --workers` on
     the same ports is refused even when both start at once: the port check alone would pass for both, since
@@ -91,8 +106,7 @@ def lock_ports(settings: Settings) -> list[int]:
     held: list[int] = []
     directory = writable_directory()
     for name, host, port in _addresses(settings):
-        # by port alone: two spellings of one address (0.0.0.0 and 127.0.0.1, localhost) must meet here
-        path = directory / f"slidegate-port-{port}.lock"
+        path = _lock_file(directory, port)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
