@@ -10,8 +10,8 @@ that page against a new measurement).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import sys
 import uuid
 
 import redis
@@ -49,8 +49,10 @@ async def measure(url: str) -> dict[tuple[Algorithm, int], int]:
 
 
 def main() -> None:
-    url = sys.argv[1] if len(sys.argv) > 1 else "redis://127.0.0.1:6379/0"
-    sizes = asyncio.run(measure(url))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser.add_argument("redis_url", nargs="?", default="redis://127.0.0.1:6379/0", metavar="REDIS_URL",
+                        help="the Redis to measure on (default redis://127.0.0.1:6379/0; its keys are removed after)")
+    sizes = asyncio.run(measure(parser.parse_args().redis_url))
     print("| algorithm | bytes per full key, limit 100 | limit 1,000 |")
     print("|---|---|---|")
     for algorithm in Algorithm:
