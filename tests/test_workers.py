@@ -4,6 +4,7 @@ and the parent's handling of signals and of a worker that dies."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -210,3 +212,27 @@ def test_port_locks_no_one_holds_are_removed_and_held_ones_kept(tmp_path: Path,
             os.close(fd)
     remove_port_locks([*ports, free_port()])  # stopped: removed (a port never locked is no error)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_lock_file_replaced_while_being_removed_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # between the remover's open and its lock, another remover took the old file away and a new `serve --workers`
+    # made and locked a new one at the same path: that one is held, and must stay
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    path = tmp_path / "slidegate-port-2001.lock"
+    path.touch()
+    newer: list[int] = []
+    real_flock = fcntl.flock
+
+    def replaced_then_flock(handle: Any, operation: int) -> None:
+        path.unlink()
+        newer.append(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        real_flock(newer[0], fcntl.LOCK_EX | fcntl.LOCK_NB)
+        real_flock(handle, operation)
+
+    monkeypatch.setattr(fcntl, "flock", replaced_then_flock)
+    try:
+        remove_port_locks([2001])
+        assert path.exists()
+    finally:
+        for fd in newer:
+            os.close(fd)

@@ -92,10 +92,13 @@ def _lock_file(directory: Path, port: int) -> Path:
 def remove_port_locks(ports: Iterable[int]) -> None:
     """Remove the lock files (lock_ports) of ``ports`` that no slidegate holds, for tools that start and stop
     `serve --workers` (a running one keeps them: removing a held file would let a second start lock a new one)."""
+    directory = writable_directory()
     for port in ports:
-        with contextlib.suppress(OSError), _lock_file(writable_directory(), port).open("r+") as handle:
+        path = _lock_file(directory, port)
+        with contextlib.suppress(OSError), path.open("r+") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            _lock_file(writable_directory(), port).unlink()
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:  # not since replaced by another's file
+                path.unlink()
 
 
 def lock_ports(settings: Settings) -> list[int]:
