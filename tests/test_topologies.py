@@ -23,6 +23,7 @@ from redis.crc import key_slot
 from slidegate.backends.base import BackendUnavailable, Check
 from slidegate.backends.breaker import Breaker
 from slidegate.backends.redis import RedisBackend, Topology
+from slidegate.backends.redis_cluster import unusable
 from slidegate.config import Config, load_directory
 from slidegate.failure_modes import FailureMode
 from slidegate.keys import limit_key
@@ -36,7 +37,8 @@ from tests.redis_topologies import Cluster, SentinelGroup, wait_for
 from tests.served import Served
 
 PASSWORD = "cluster-secret"
-CONFIG = """
+K_LIMIT = 1_000_000
+CONFIG = f"""
 domain: t
 descriptors:
   - key: tenant
@@ -47,10 +49,10 @@ descriptors:
     rate_limit:
       unit: hour
       requests_per_unit: 1000
-  - key: k
+  - key: k  # more than a fast machine's traffic in a test: every call of it must be admitted
     rate_limit:
       unit: hour
-      requests_per_unit: 10000
+      requests_per_unit: {K_LIMIT}
 """
 
 
@@ -122,6 +124,31 @@ async def test_a_cluster_connection_closed_while_idle_is_not_used_again(cluster:
         await backend.close()
 
 
+async def test_an_idle_connection_closed_by_redis_or_left_unread_is_unusable(redis_url: str) -> None:
+    # the check ClusterRouter makes before each command, on one Redis: redis-py's can_read answers True for a
+    # connection Redis closed up to 8.1 and raises from 8.2 on; either way it is unusable, and nothing is raised
+    pool = redis.asyncio.ConnectionPool.from_url(redis_url)
+    fresh, killed, unread = (pool.make_connection() for _ in range(3))
+    try:
+        assert not await unusable(fresh)  # never opened: it connects when a command is sent
+        for connection in (fresh, killed, unread):
+            await connection.connect()
+        assert not await unusable(fresh)
+        await killed.send_command("CLIENT", "ID")
+        victim = await killed.read_response()
+        await fresh.send_command("CLIENT", "KILL", "ID", victim)
+        assert await fresh.read_response() == 1
+        await unread.send_command("PING")
+        await asyncio.sleep(0.05)  # the end of file and the reply reach their streams
+        assert await unusable(killed)
+        assert await unusable(unread)
+        assert not await unusable(fresh)
+    finally:
+        for connection in (fresh, killed, unread):
+            await connection.disconnect()
+        await pool.aclose()
+
+
 async def test_domain_hash_tag_makes_a_request_one_all_or_nothing_call(cluster: Cluster, config: Config) -> None:
     limiter, backend = make_limiter(config, Topology("cluster", cluster.url, auth=(None, PASSWORD)),
                                     domain_slot=True)
@@ -173,7 +200,7 @@ async def test_cluster_follows_a_slot_moving_under_traffic(cluster: Cluster, con
         assert errors == [], [repr(e) for e in errors]
         assert cluster.master_of(key) is target
         [s] = await limiter.should_rate_limit("t", [d("k", "moving", hits=0)])
-        assert s.remaining == 10000 - sent  # every hit counted once, before, during and after the move
+        assert s.remaining == K_LIMIT - sent  # every hit counted once, before, during and after the move
         # MOVED taught the client the new owner: later calls go straight there
         assert isinstance(backend._client, redis.asyncio.RedisCluster)
         assert backend._client.nodes_manager.get_node_from_slot(slot(key)).port == target.port
@@ -322,7 +349,7 @@ async def test_script_flush_under_load_fails_no_call(private_redis: RedisServer,
     assert len(traffic.answers) > 100
     assert {kind for _, _, kind in traffic.answers} == {"ok"}
     [s] = await limiter.should_rate_limit("t", [d("k", "flushed", hits=0)])
-    assert s.remaining == 10000 - len(traffic.answers)  # each call counted once, retried or not
+    assert s.remaining == K_LIMIT - len(traffic.answers)  # each call counted once, retried or not
     await backend.close()
 
 

@@ -22,6 +22,7 @@ import asyncio
 from typing import Any
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import (
     AskError,
     ClusterDownError,
@@ -30,10 +31,22 @@ from redis.exceptions import (
     ResponseError,
     TryAgainError,
 )
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 MAX_REDIRECTIONS = 16  # as redis-py: a slot cannot move more often than this during one call
 TRYAGAIN_PAUSE = 0.01  # seconds between tries after TRYAGAIN or CLUSTERDOWN
 RETRY_FOR = 5.0  # seconds those replies are tried again at most: a migration, a master's replica promoted
+
+
+async def unusable(connection: AbstractConnection) -> bool:
+    """Whether an idle ``connection`` must not carry a command: Redis closed it (CLIENT KILL, its `timeout`, a
+    restart) or a reply was left unread on it. A connection never opened is usable (it connects when sent on)."""
+    if not connection.is_connected:
+        return False
+    try:
+        return await connection.can_read()
+    except (RedisConnectionError, OSError):  # redis-py ≥ 8.2 raises for a connection closed by the server
+        return True
 
 
 class ClusterRouter:
@@ -124,10 +137,9 @@ class ClusterRouter:
     async def _send(node: ClusterNode, command: tuple[Any, ...], asking: bool) -> Any:
         connection = node.acquire_connection()
         try:
-            if connection.is_connected and await connection.can_read():
-                # closed by Redis while idle (CLIENT KILL, its `timeout`), or a reply left unread: nothing of this
-                # call's was sent on it, so it is replaced rather than used to fail the call (redis-py's Cluster
-                # client hands its connections out unchecked)
+            if await unusable(connection):
+                # nothing of this call's was sent on it, so it is replaced rather than used to fail the call
+                # (redis-py's Cluster client hands its connections out unchecked)
                 await connection.disconnect()
             if asking:
                 await connection.send_packed_command(connection.pack_commands([("ASKING",), command]))
