@@ -343,18 +343,22 @@ async def test_a_pause_of_this_process_is_not_taken_for_redis_failing(private_re
     await backend.close()
 
 
-@pytest.mark.parametrize("stall", [0.013, 0.02, 0.05])
+WAIT = 0.25  # seconds the callers after a stall may wait: more than two busy cores delay a round trip
+
+
+@pytest.mark.parametrize("stall", [0.02, 0.9 * WAIT, 2 * WAIT], ids=["unseen", "under-wait", "over-wait"])
 async def test_a_pause_of_this_process_is_not_redis_silent(private_redis: RedisServer, stall: float) -> None:
     # callers arriving right after this process stalled must not be told Redis has been silent: its answer came
-    # meanwhile and is just not read yet (stalls too short for the loop watch to tell included)
+    # meanwhile and is just not read yet (stalls shorter than the loop watch can tell, shorter than the callers
+    # can wait, and longer)
     backend = RedisBackend(private_redis.url, timeout=2.0)
     checks = [Check("sgbreaker:quiet", 1000, 60_000_000, 1)]
     await backend.decide(checks)
     first = asyncio.create_task(backend.decide(checks))
     while not backend._asked:  # the call is at Redis
         await asyncio.sleep(0)
-    time.sleep(stall)  # on purpose: the loop stalls, as long as the callers below can wait, or longer
-    later = await asyncio.gather(*(backend.decide(checks, timeout=0.015) for _ in range(5)), return_exceptions=True)
+    time.sleep(stall)  # on purpose: the loop stalls
+    later = await asyncio.gather(*(backend.decide(checks, timeout=WAIT) for _ in range(5)), return_exceptions=True)
     assert [getattr(d, "admitted", d) for d in later] == [True] * 5
     assert (await first).admitted
     await backend.close()
