@@ -213,6 +213,25 @@ def errors(write_config: WriteConfig, text: str) -> list[str]:
             "config.yaml: descriptors nested too deeply, or a YAML alias that contains itself"]),
         ("domain: d\n  bad: indentation\n", [
             "config.yaml:2: invalid YAML: mapping values are not allowed in this context"]),
+        # left open until the end of the file: the line where it was opened, never one past the file's last
+        ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1\n", [
+            "config.yaml:4: invalid YAML: did not find expected ',' or '}' (while parsing a flow mapping begun on "
+            "this line, never closed)"]),
+        ('domain: d\ndescriptors:\n  - key: "k\n  - key: j\n', [
+            "config.yaml:3: invalid YAML: found unexpected end of stream (while scanning a quoted scalar begun on "
+            "this line, never closed)"]),
+        ("domain: d\ndescriptors: [", [
+            "config.yaml:2: invalid YAML: did not find expected node content (while parsing a flow node begun on "
+            "this line, never closed)"]),
+        # in line order: a rule's own problems (on its later lines) before the duplicate key on its first
+        ("domain: d\ndescriptors:\n  - key: a\n  - key: a\n    rate_limit:\n      requests_per_unit: 2\n"
+         "  - key: b\n    descriptors:\n      - key: c\n      - key: c\n        rate_limit: {unit: bogus}\n", [
+             "config.yaml:4: descriptors[1]: duplicate descriptor composite key 'd.a'",
+             "config.yaml:6: descriptors[1].rate_limit.unit: is required "
+             "(one of: second, minute, hour, day, week, month, year)",
+             "config.yaml:10: descriptors[2].descriptors[1]: duplicate descriptor composite key 'd.c'",
+             "config.yaml:11: descriptors[2].descriptors[1].rate_limit.unit: unknown unit 'bogus' "
+             "(expected one of: second, minute, hour, day, week, month, year)"]),
     ],
 )
 def test_errors_name_file_line_and_field(write_config: WriteConfig, text: str, expected: list[str]) -> None:
@@ -369,7 +388,7 @@ def test_alias_expansion_is_bounded(write_config: WriteConfig) -> None:
     lines.append("descriptors: *l8")
     with pytest.raises(ConfigError) as caught:
         load_directory(write_config("\n".join(lines) + "\n"))
-    assert str(caught.value.issues[-1]).endswith(
+    assert str(caught.value.issues[0]).endswith(
         "config.yaml: more than 100000 descriptors and limits (after expanding YAML aliases): split it or drop aliases")
 
 
