@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -22,6 +25,8 @@ from slidegate.inprocess import InProcessLimiter
 from slidegate.stack import free_port
 from tests.redis_servers import RedisServer
 from tests.served import Served
+
+ROOT = Path(__file__).resolve().parent.parent
 
 CONFIG = """
 domain: c
@@ -49,6 +54,24 @@ def test_sync_client(write_config: Callable[..., Path], serve: Callable[..., Ser
     assert (none.limit, none.over) == (None, False)
     assert second.allowed and not third.allowed and third.retry_after == 120
     assert ("Retry-After", "120") in third.headers() and ("X-RateLimit-Limit", "2") in third.headers()
+
+
+def test_the_docs_client_example_prints_what_its_comments_say(serve: Callable[..., Served]) -> None:
+    # docs/integrations.md's example, run against the demo's limits as it says: a reader must be able to tell a
+    # decision by a limit from a request no limit applies to
+    text = (ROOT / "docs" / "integrations.md").read_text()
+    section = text[text.index("## The client library"):]
+    example = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert example is not None
+    served = serve(ROOT / "envoy" / "ratelimit", "--backend", "memory")
+    code = example.group(1).replace("127.0.0.1:8081", f"127.0.0.1:{served.grpc_port}")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, "docs/integrations.md", "exec"), {})
+    lines = printed.getvalue().splitlines()
+    assert lines == ["True None", "per-client 10 9", "burst-path 3 2"]
+    comments = " ".join(line.partition("#")[2] for line in code.splitlines())
+    assert all(line in comments for line in lines), (lines, comments)
 
 
 def test_async_client_and_deadline(write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
