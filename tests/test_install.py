@@ -1,8 +1,11 @@
 """A non-editable `pip install .` into a fresh venv works on its own: the console script, the Lua scripts and the
-generated protobuf code all come from the installed package, not the source tree."""
+generated protobuf code all come from the installed package, not the source tree. Its dependencies are the
+versions the suite runs on (constraints.txt's, or the newest ones under .ci/newest), not whatever was released
+last night."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import venv
 from collections.abc import Callable
@@ -22,8 +25,11 @@ def test_pip_install_then_serve(tmp_path: Path, write_config: Callable[..., Path
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python, slidegate = env_dir / "bin" / "python", env_dir / "bin" / "slidegate"
-    subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(ROOT)],
-                   check=True, timeout=600, cwd=tmp_path)
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("".join(f"{d.metadata['Name']}=={d.version}\n" for d in importlib.metadata.distributions()
+                                   if d.metadata["Name"] != "slidegate"))
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-c", constraints,
+                    str(ROOT)], check=True, timeout=600, cwd=tmp_path)
     where = subprocess.run([python, "-c", "import slidegate, slidegate.resources as r; "
                             "print(slidegate.__file__); print(r.resource_dir('lua'))"],
                            check=True, capture_output=True, text=True, cwd=tmp_path).stdout.split()
