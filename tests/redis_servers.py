@@ -31,6 +31,7 @@ class RedisServer:
         self._remove_dir = weakref.finalize(self, shutil.rmtree, self.dir, True)
         self.process: subprocess.Popen[bytes] | None = None
         self.extra_args: tuple[str, ...] = ()
+        self._started = False
 
     @property
     def url(self) -> str:
@@ -38,7 +39,21 @@ class RedisServer:
 
     def start(self, password: str | None = None, tls: tuple[Path, Path, Path] | None = None) -> RedisServer:
         """Start (again). ``password`` is what the readiness check connects with; ``tls`` (certificate, key,
-        CA) serves TLS only, on the same port."""
+        CA) serves TLS only, on the same port. A first start whose port (or cluster bus port) another process
+        took since it was found free starts again on fresh ones; a start again keeps its port."""
+        for _ in range(1 if self._started else 3):
+            if self._launch(password, tls):
+                self._started = True
+                return self
+            if "Address already in use" not in self._log():
+                break
+            self.port = free_port()
+            self.extra_args = tuple(str(free_port()) if previous == "--cluster-port" else arg
+                                    for previous, arg in zip(("", *self.extra_args[:-1]), self.extra_args, strict=True))
+        raise RuntimeError(f"redis-server on port {self.port} did not start: {self._log()[-300:]}")
+
+    def _launch(self, password: str | None, tls: tuple[Path, Path, Path] | None) -> bool:
+        """Start the process and wait until it answers a PING (True), or until it exited or 10 s passed."""
         ports = ["--port", str(self.port)]
         if tls is not None:
             cert, key, ca = tls
@@ -54,16 +69,24 @@ class RedisServer:
                               ssl_ca_certs=str(tls[2])) if tls is not None
                   else redis.Redis(port=self.port, socket_connect_timeout=0.2, password=password))
         deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise RuntimeError(f"redis-server on port {self.port} did not start") from None
-                time.sleep(0.02)
-        client.close()
-        return self
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return True
+                except (redis.ConnectionError, redis.TimeoutError):  # a port held by another process may not answer
+                    if time.monotonic() > deadline or self.process.poll() is not None:
+                        self.stop()
+                        return False
+                    time.sleep(0.02)
+        finally:
+            client.close()
+
+    def _log(self) -> str:
+        try:
+            return (Path(self.dir) / "redis.log").read_text(errors="replace")
+        except OSError:
+            return ""
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
