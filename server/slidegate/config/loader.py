@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from slidegate.algorithms import ALGORITHM_NAMES, MAX_WINDOW_SECONDS, RULES, Algorithm
-from slidegate.config.errors import ConfigError, ConfigIssue
+from slidegate.config.errors import ConfigError, ConfigIssue, yaml_issue
 from slidegate.config.model import Config, DescriptorNode, DomainConfig, Level, RateLimit, wildcard_pattern
 from slidegate.failure_modes import FAILURE_MODE_NAMES, FailureMode
 from slidegate.units import UNIT_NAMES, Unit
@@ -354,7 +354,7 @@ def _parse_text(name: str, text: str, options: LoadOptions) -> tuple[DomainConfi
     try:
         documents = list(yaml.compose_all(text, Loader=_YAML_LOADER))
     except yaml.YAMLError as exc:
-        return config, 0, [_yaml_issue(name, text, exc)]
+        return config, 0, [yaml_issue(name, text, exc)]
     except RecursionError:
         return config, 0, [ConfigIssue(name, 0, "", "invalid YAML: nested too deeply")]
     root = documents[0] if documents else None
@@ -382,26 +382,6 @@ def _parse_text(name: str, text: str, options: LoadOptions) -> tuple[DomainConfi
         line = 0
     # in the order a reader meets them (a rule's own problems are found before its duplicate key, for one)
     return config, line, sorted(f.issues, key=lambda issue: issue.line)
-
-
-def _yaml_issue(name: str, text: str, exc: yaml.YAMLError) -> ConfigIssue:
-    """The issue of a file that is not YAML, at the line to look at."""
-    reason = getattr(exc, "problem", None) or getattr(exc, "reason", None) or str(exc)
-    mark = getattr(exc, "problem_mark", None)
-    position = getattr(exc, "position", None)  # a reader error (e.g. a control character) has no mark
-    if mark is None:
-        return ConfigIssue(name, text[:position].count("\n") + 1 if position is not None else 0, "",
-                           f"invalid YAML: {reason}")
-    last = max(len(text.splitlines()), 1)
-    context = getattr(exc, "context_mark", None)
-    if mark.line + 1 <= last:
-        return ConfigIssue(name, mark.line + 1, "", f"invalid YAML: {reason}")
-    # found past the last line (the end of the file): what was left open is where to look
-    if context is None:
-        return ConfigIssue(name, last, "", f"invalid YAML: {reason}")
-    opened = getattr(exc, "context", None) or "a value"
-    return ConfigIssue(name, min(context.line + 1, last), "",
-                       f"invalid YAML: {reason} ({opened} begun on this line, never closed)")
 
 
 def _parse_root(f: _File, root: yaml.Node, config: DomainConfig) -> int:
