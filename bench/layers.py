@@ -66,7 +66,8 @@ from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.redis import RedisBackend
 from slidegate.backends.redis_wire import WireConnection
 from slidegate.keys import limit_key
-from slidegate.service import Prepared, RateLimitService, Request, build_response, parse_request
+from slidegate.request import Request, parse_request
+from slidegate.service import Prepared, RateLimitService, build_response
 from slidegate.settings import Settings
 
 HERE = Path(__file__).resolve().parent

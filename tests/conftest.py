@@ -23,7 +23,6 @@ from slidegate.application import Application, build
 from slidegate.backends.base import Backend, BackendUnavailable, Check, Decision
 from slidegate.resources import lua_script
 from slidegate.server import start_server
-from slidegate.service import parse_request
 from slidegate.settings import Settings
 from tests.redis_servers import INSTALL_HINT, RedisServer
 from tests.served import Served, Starter
@@ -174,8 +173,8 @@ async def rls(
 
 
 class Decider:
-    """A service built as `slidegate serve` builds it, asked without a gRPC server: a request is read the way a
-    call's bytes are (parse_request), then decided by the service, its limiter and its storage. For the rules'
+    """A service built as `slidegate serve` builds it, asked without a gRPC server: a request is read as a call's
+    bytes are (RateLimitService.parse), then decided by the service, its limiter and its storage. For the rules'
     tests; the wire contract has its own (test_service.py, test_wire.py)."""
 
     def __init__(self, app: Application) -> None:
@@ -185,7 +184,8 @@ class Decider:
                                 timeout: float | None = None) -> rls_pb2.RateLimitResponse:
         """The answer to ``request`` within ``timeout`` seconds (a call's deadline). Raises InvalidRequest,
         InvalidOverride and BackendUnavailable (DeadlineExceeded)."""
-        domain, descriptors = parse_request(lenient_pb2.LenientRateLimitRequest.FromString(request.SerializeToString()))
+        domain, descriptors = self.app.service.parse(
+            lenient_pb2.LenientRateLimitRequest.FromString(request.SerializeToString()))
         return await self.app.service.decide(domain, descriptors, request.hits_addend, timeout)
 
 

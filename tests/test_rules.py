@@ -17,7 +17,8 @@ from slidegate.algorithms import Algorithm
 from slidegate.backends.memory import MemoryBackend
 from slidegate.config import load_directory
 from slidegate.limiter import Descriptor, InvalidOverride, Limiter, Status
-from slidegate.service import InvalidRequest, refusal
+from slidegate.request import InvalidRequest
+from slidegate.service import refusal
 from tests.conftest import Clock, Decider
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
 
@@ -141,7 +142,7 @@ async def test_unit_multiplier_reported_to_envoy(limits: Limits, clock: Clock) -
 
 
 async def test_negative_hits_give_budget_back(limits: Limits) -> None:
-    service = await limits(CONFIG)
+    service = await limits(CONFIG, negative_hits_enabled="true")
     for _ in range(2):
         await service.should_rate_limit(request("f", descriptor(("user", "n"))))
     assert (await service.should_rate_limit(request("f", descriptor(("user", "n"))))).overall_code == OVER_LIMIT

@@ -29,8 +29,9 @@ from slidegate.heap import Heap
 from slidegate.httpapi import HTTP_STATUS
 from slidegate.limiter import Descriptor, InvalidOverride, Limiter, LimiterOptions
 from slidegate.logs import Repeated
+from slidegate.request import InvalidRequest
 from slidegate.server import start_server
-from slidegate.service import METHOD, UNDECIDED, InvalidRequest, RateLimitService, refusal
+from slidegate.service import METHOD, UNDECIDED, RateLimitService, refusal
 from slidegate.stack import free_port
 from tests.conftest import Clock
 from tests.helpers import OK, OVER_LIMIT, descriptor, request

@@ -24,6 +24,7 @@ from slidegate.quotas.ledger import SLACK_MS
 from slidegate.quotas.service import QuotaService
 from slidegate.quotas.storage import MemoryQuotas, QuotaStorage, RedisQuotas
 from slidegate.reload import ConfigHolder
+from slidegate.request import RequestPolicy
 from slidegate.service import AnswerOptions, RateLimitService
 from slidegate.settings import Settings
 from slidegate.stats import StatsStore
@@ -76,7 +77,8 @@ def build(settings: Settings, *, clock: Callable[[], int] | None = None, heap: H
     service = RateLimitService(limiter, AnswerOptions(
         dynamic_metadata=settings.response_dynamic_metadata, headers=settings.response_headers,
         header_names=settings.header_names,
-    ), metrics, heap)
+    ), metrics, heap, RequestPolicy(negative_hits=settings.negative_hits_enabled,
+                                    limit_overrides=settings.limit_override_enabled))
     quotas = QuotaService(limiter, make_quota_storage(settings), metrics.registry,
                           max_buckets=settings.rlqs_max_buckets_per_stream)
     return Application(settings, load, holder, metrics, backend, limiter, service, quotas)

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 from aiohttp import web
-from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 from google.protobuf import json_format
 
@@ -20,13 +20,17 @@ from slidegate._proto.slidegate.wire.v1 import lenient_pb2
 from slidegate.config import Config
 from slidegate.config.describe import describe_config
 from slidegate.health import Health
-from slidegate.service import OVER_LIMIT, UNDECIDED, InvalidRequest, RateLimitService, parse_request, refusal
+from slidegate.logs import Repeated
+from slidegate.request import InvalidRequest
+from slidegate.service import OVER_LIMIT, UNDECIDED, RateLimitService, refusal
+from slidegate.text import printable
 
 JSON = "application/json"
 # the HTTP status of each gRPC status the service refuses a call with (service.refusal)
 HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.UNKNOWN: 500,
                grpc.StatusCode.DEADLINE_EXCEEDED: 504}
 ROUTES = ("json", "healthcheck", "rlconfig", "metrics", "stats")
+log = logging.getLogger(__name__)
 
 
 def make_app(service: RateLimitService, config: Callable[[], Config], health: Health,
@@ -47,7 +51,7 @@ def make_app(service: RateLimitService, config: Callable[[], Config], health: He
                                          status=400)
             parsed = json_format.Parse(body, rls_pb2.RateLimitRequest())  # again: it refuses repeated names
             lenient = lenient_pb2.LenientRateLimitRequest.FromString(parsed.SerializeToString())
-            domain, descriptors = parse_request(lenient)
+            domain, descriptors = service.parse(lenient)
         except json.JSONDecodeError as exc:
             return web.json_response({"error": f"the body is not JSON: {exc}"}, status=400)
         except InvalidRequest as exc:  # the reference's service_error, as over gRPC
@@ -107,14 +111,25 @@ async def _errors_as_json(request: web.Request, handler: Callable[[web.Request],
             k: v for k, v in exc.headers.items() if k.lower() == "allow"})
 
 
-def _not_a_broken_body(record: logging.LogRecord) -> bool:
+# a client's malformed request, answered 400 by aiohttp itself: one line now and then, never a traceback each
+_malformed = Repeated(log, "malformed HTTP requests answered 400 (a request line or header too long, a bad "
+                      "header …); the last: %s")
+
+
+def _no_client_tracebacks(record: logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
     # a body that cannot be decoded (say a gzip header on plain text) is answered 400 by /json; aiohttp then
     # meets the same error again while draining the body and logs it as an unhandled exception
-    error = record.exc_info[1] if record.exc_info else None
-    return not isinstance(error, RequestPayloadError | ContentEncodingError)
+    if isinstance(error, RequestPayloadError | ContentEncodingError):
+        return False
+    if isinstance(error, HttpProcessingError):  # aiohttp logs each with its traceback (9 lines)
+        first = error.message.splitlines()[0] if error.message else ""
+        _malformed(f"{type(error).__name__} from {record.getMessage().rsplit(' ', 1)[-1]}: {printable(first[:120])}")
+        return False
+    return True
 
 
-logging.getLogger("aiohttp.server").addFilter(_not_a_broken_body)
+logging.getLogger("aiohttp.server").addFilter(_no_client_tracebacks)
 
 
 async def start_app(app: web.Application, host: str | None, port: int, *,

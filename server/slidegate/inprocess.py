@@ -23,7 +23,7 @@ from slidegate.client import (
     decision_from_response,
     refused,
 )
-from slidegate.service import UNDECIDED, parse_request, refusal
+from slidegate.service import UNDECIDED, refusal
 from slidegate.settings import Settings
 
 T = TypeVar("T")
@@ -56,7 +56,7 @@ class InProcessLimiter:
         request = build_request(domain, descriptors, hits_addend)
         raw = request.SerializeToString()  # read as the service reads a call: the same checks, the same errors
         try:
-            parsed_domain, parsed = parse_request(lenient_pb2.LenientRateLimitRequest.FromString(raw))
+            parsed_domain, parsed = self._service.parse(lenient_pb2.LenientRateLimitRequest.FromString(raw))
             response = await self._service.decide(parsed_domain, parsed, hits_addend,
                                                   self._timeout if timeout is None else timeout)
         except UNDECIDED as exc:

@@ -178,7 +178,8 @@ class Metrics:
         }
         not_found = Counter("ratelimit_service_rate_limit_domain_not_found", "descriptors of requests for a domain "
                             "no config has", ("domain",), registry=registry)
-        errors = Counter("ratelimit_service_should_rate_limit_error", "calls refused as invalid (service_error)",
+        errors = Counter("ratelimit_service_should_rate_limit_error", "calls refused as invalid (service_error), "
+                         "or for a field the settings refuse (refused_negative_hits, refused_limit_override)",
                          ("err_type",), registry=registry)
         requests = Counter("ratelimit_service_total_requests", "gRPC calls", ("grpc_method",), registry=registry)
         self._not_found = not_found
@@ -196,6 +197,11 @@ class Metrics:
             Counter("ratelimit_storage_errors", "decisions the storage did not answer in time", registry=registry),
             (), f"{SHOULD_RATE_LIMIT_SCOPE}.redis_error")
         self.service_errors = self._count(errors, ("service_error",), f"{SHOULD_RATE_LIMIT_SCOPE}.service_error")
+        # calls refused for a field the operator turned off (service.RequestPolicy), apart from service_error
+        self.refused_negative_hits = self._count(errors, ("refused_negative_hits",),
+                                                 f"{SHOULD_RATE_LIMIT_SCOPE}.refused_negative_hits")
+        self.refused_limit_override = self._count(errors, ("refused_limit_override",),
+                                                  f"{SHOULD_RATE_LIMIT_SCOPE}.refused_limit_override")
         self.total_requests = self._count(requests, ("ShouldRateLimit",), f"{SERVER_SCOPE}.total_requests")
         self.response_time = self.store.timer(f"{SERVER_SCOPE}.response_time")  # ms; Prometheus: call_latency
         self.degraded = Counter("ratelimit_degraded_decisions", "requests decided by the failure mode because "

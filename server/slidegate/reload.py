@@ -8,6 +8,12 @@ of RUNTIME_ROOT (or of the config directory), so a swapped symlink on the path (
 ``RUNTIME_ROOT`` layout) is seen. Events elsewhere in those directories are ignored; when a watched directory is
 replaced or removed, the watch starts again on what the paths name now. Changes that leave the files' bytes as
 they were do not reload.
+
+A file is read only once it has stopped changing: every config file's size, modification time and inode (and
+the directory's list of them) the same over SETTLE seconds (CONFIG_SETTLE_TIME), and the same again after the
+load, so that a file written in parts (an editor, ``cat > file``) never loads half written and a directory's
+files load as one generation. A file written elsewhere and renamed into place (or Kubernetes' symlink swap) is
+whole whenever it is read: the safe way to update, docs/configuration.md says.
 """
 
 from __future__ import annotations
@@ -48,12 +54,34 @@ def _fingerprint(directory: Path) -> str:
     return digest.hexdigest()
 
 
+Snapshot = tuple[tuple[str, int, int, int], ...] | None
+
+
+def _snapshot(directory: Path) -> Snapshot:
+    """What a write to a config file changes: each one's name, size, modification time and inode, through
+    links (-1s for one that cannot be read); None when the directory cannot be read."""
+    out = []
+    try:
+        for path in config_files(directory):
+            try:
+                info = path.stat()
+            except OSError:
+                out.append((path.name, -1, -1, -1))
+            else:
+                out.append((path.name, info.st_size, info.st_mtime_ns, info.st_ino))
+    except OSError:
+        return None
+    return tuple(out)
+
+
 class ConfigWatcher:
-    """Reloads ``directory`` into ``holder`` when something it depends on changes. ``root``: the directory
-    whose parent is watched too (RUNTIME_ROOT, or ``directory`` itself), or None not to watch a parent."""
+    """Reloads ``directory`` into ``holder`` when something it depends on changes and has settled for
+    ``settle`` seconds. ``root``: the directory whose parent is watched too (RUNTIME_ROOT, or ``directory``
+    itself), or None not to watch a parent."""
 
     def __init__(self, directory: Path, options: LoadOptions, holder: ConfigHolder, metrics: Metrics,
-                 root: Path | None = None) -> None:
+                 root: Path | None = None, settle: float = 0.5) -> None:
+        self._settle = settle
         self._directory = directory.absolute()
         self._options = options
         self._holder = holder
@@ -76,9 +104,23 @@ class ConfigWatcher:
                 path = path.parent
         return [p for p in watched if p.is_dir()], matter
 
+    async def settled(self, stop: asyncio.Event | None = None) -> None:
+        """Return once the config files have not changed for ``settle`` seconds (or ``stop`` is set)."""
+        before = await asyncio.to_thread(_snapshot, self._directory)
+        while self._settle > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for((stop or asyncio.Event()).wait(), self._settle)
+                return
+            now = await asyncio.to_thread(_snapshot, self._directory)
+            if now == before:
+                return
+            before = now
+
     async def reload(self, force: bool = False) -> bool:
         """Load the directory now (in a thread: a large config must not stall decisions) if its files
-        changed (or ``force``); swap it in if it loads. Returns whether a new config is in force."""
+        changed (or ``force``); swap it in if it loads and its files did not change meanwhile (the watch sees
+        that change and loads again once it settles). Returns whether a new config is in force."""
+        before = await asyncio.to_thread(_snapshot, self._directory)
         fingerprint = await asyncio.to_thread(_fingerprint, self._directory)
         if fingerprint and fingerprint == self._fingerprint and not force:
             if self._failed:  # put back as they were: the last line logged must not stay the error
@@ -91,6 +133,9 @@ class ConfigWatcher:
             self._metrics.config_load_error.inc()
             log.error("config reload failed, keeping the previous config:\n%s", exc)
             self._failed = True
+            return False
+        if await asyncio.to_thread(_snapshot, self._directory) != before:
+            log.info("config files changed while being loaded: loading them again once they settle")
             return False
         self._failed = False
         self._fingerprint = fingerprint
@@ -120,9 +165,11 @@ class ConfigWatcher:
                                                        yield_on_timeout=True, rust_timeout=1000,
                                                        ignore_permission_denied=True):
                     if changes:
+                        await self.settled(stop)
                         await self.reload()
                     if any(not p.is_dir() or p.stat().st_ino != ino for p, ino in identity) or \
                             self._targets()[0] != watched:
+                        await self.settled(stop)
                         await self.reload()  # what the paths name has changed: look again, and watch it
                         break
             except Exception as exc:  # whatever happened, the service keeps its config and goes on

@@ -162,8 +162,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
     sink_stop = asyncio.Event()
     sink_task = asyncio.create_task(sink.run(sink_stop)) if sink is not None else None
     try:
-        routes = ("json", "healthcheck", "rlconfig", "metrics") if settings.serves_prometheus else (
-            "json", "healthcheck", "rlconfig")
+        routes = (("json",) if settings.json_endpoint_enabled else ()) + ("healthcheck", "rlconfig") + (
+            ("metrics",) if settings.serves_prometheus else ())
         runner, http_port = await start_app(make_app(app.service, lambda: holder.current, health, routes),
                                             settings.http_host, settings.http_port, reuse_port=reuse_port)
         runners.append(runner)
@@ -266,7 +266,7 @@ async def _watch_files(settings: Settings, options: LoadOptions, holder: ConfigH
     root = None
     if settings.runtime_watch_root:
         root = Path(settings.config_dir) if settings.config_dir else Path(settings.runtime_root)
-    watcher = ConfigWatcher(settings.config_path, options, holder, metrics, root)
+    watcher = ConfigWatcher(settings.config_path, options, holder, metrics, root, settings.config_settle_time)
     reloads: set[asyncio.Task[bool]] = set()
 
     def reload_now() -> None:  # SIGHUP: reload the config now, as many daemons do

@@ -1,10 +1,8 @@
-"""The gRPC RateLimitService: validates requests, asks the limiter, builds Envoy's answer.
+"""The gRPC RateLimitService: reads requests (slidegate.request), asks the limiter, builds Envoy's answer.
 
 ``overall_code`` is always OK or OVER_LIMIT (Envoy treats UNKNOWN as OK). Statuses follow the request's
 descriptor order, one each, because Envoy matches them to descriptors by position for its x-ratelimit
-headers. Requests are read with ``LenientRateLimitRequest`` (protos/slidegate/wire/v1/lenient.proto): the
-same wire format with bytes for keys and values, so a value that is not UTF-8 is limited like any other
-instead of failing the call; such bytes are kept as surrogate escapes, one character per byte.
+headers.
 """
 
 from __future__ import annotations
@@ -21,15 +19,14 @@ from google.protobuf import struct_pb2
 from google.protobuf.message import DecodeError
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
-from slidegate._proto.slidegate.wire.v1 import lenient_pb2
 from slidegate.backends.base import BackendUnavailable, DeadlineExceeded, admits
 from slidegate.headers import HeaderNames, ResponseHeaders, Shown, envoy_headers
 from slidegate.heap import Heap
-from slidegate.limiter import Descriptor, InvalidOverride, Limiter, NoConfigLoaded, Override, Plan, Status
+from slidegate.limiter import Descriptor, InvalidOverride, Limiter, NoConfigLoaded, Plan, Status
 from slidegate.metric_keys import override_key, rule_key, same_for_every_request
 from slidegate.metrics import Count, LimitCounters, Metrics
+from slidegate.request import InvalidRequest, Refusable, RefusedField, Request, RequestPolicy, parse_request
 from slidegate.text import printable
-from slidegate.units import Unit
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +34,7 @@ OK = rls_pb2.RateLimitResponse.OK
 OVER_LIMIT = rls_pb2.RateLimitResponse.OVER_LIMIT
 METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 
-Request = lenient_pb2.LenientRateLimitRequest
 Context = grpc.aio.ServicerContext[bytes, rls_pb2.RateLimitResponse]
-# Bounds on one request's shape, far above what an Envoy route can be configured to send, so that one call
-# cannot stall the service or Redis. Text has no bound of its own: a value is a client's header, path or
-# address, and Envoy forwards headers of up to 60 KiB (8 MiB when configured), so any length the message size
-# allows (GRPC_MAX_RECV_MSG_SIZE) is limited like any other (long text is kept as its digest, slidegate.keys).
-MAX_DESCRIPTORS = 1000
-MAX_ENTRIES = 64
 PREPARED_REQUESTS = 10_000  # requests remembered by their bytes (see RateLimitService)
 # Only requests the size Envoy sends are remembered (measured: about 1.5 KB of objects for a one-descriptor
 # request, 9 KB for eight), so the memory stays within about 100 MB; larger requests are matched each time.
@@ -53,11 +43,6 @@ PREPARED_REQUESTS = 10_000  # requests remembered by their bytes (see RateLimitS
 PREPARED_MAX_BYTES = 1024
 PREPARED_MAX_DESCRIPTORS = 8
 PREPARED_MAX_ENTRIES = 32
-
-
-class InvalidRequest(ValueError):
-    """A request the service cannot decide; the message is sent back with INVALID_ARGUMENT."""
-
 
 # why a call can go undecided: the caller's request (a bug of theirs), its deadline, the storage failing
 # under failure mode ``error``, or no config yet (config over xDS)
@@ -83,41 +68,6 @@ def refusal(exc: Undecided) -> Refusal:
         # envoyproxy/ratelimit returns it as a plain error, which gRPC sends as UNKNOWN
         return Refusal(grpc.StatusCode.UNKNOWN, str(exc))
     return Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-
-
-def _text(raw: bytes) -> str:
-    return raw.decode("utf-8", "surrogateescape")
-
-
-def parse_request(request: Request) -> tuple[str, list[Descriptor]]:
-    """Validate ``request``; return (domain, descriptors). Raises InvalidRequest with the reason."""
-    if not request.domain:
-        raise InvalidRequest("rate limit domain must not be empty")
-    if not request.descriptors:
-        raise InvalidRequest("rate limit descriptor list must not be empty")
-    if len(request.descriptors) > MAX_DESCRIPTORS:
-        raise InvalidRequest(f"too many descriptors: {len(request.descriptors)} (at most {MAX_DESCRIPTORS})")
-    descriptors = []
-    for index, d in enumerate(request.descriptors):
-        if len(d.entries) > MAX_ENTRIES:
-            raise InvalidRequest(f"descriptor {index}: too many entries: {len(d.entries)} (at most {MAX_ENTRIES})")
-        override = None
-        if d.HasField("limit"):
-            unit = Unit.from_wire(d.limit.unit)
-            if unit is None or unit is Unit.WEEK:  # envoy.type.v3.RateLimitUnit has no WEEK
-                raise InvalidRequest(f"descriptor {index}: limit override has no valid unit ({d.limit.unit})")
-            multiplier = d.limit.unit_multiplier.value if d.limit.HasField("unit_multiplier") else 1
-            if multiplier < 1:
-                raise InvalidRequest(f"descriptor {index}: limit override unit_multiplier must be at least 1")
-            override = Override(d.limit.requests_per_unit, unit, multiplier)
-        # by position, the entries from a list: a request never seen before pays for every step here
-        descriptors.append(Descriptor(
-            tuple([(_text(e.key), _text(e.value)) for e in d.entries]),
-            d.hits_addend.value if d.HasField("hits_addend") else None,
-            d.is_negative_hits,
-            override,
-        ))
-    return _text(request.domain), descriptors
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,10 +203,11 @@ class RateLimitService:
 
     def __init__(
         self, limiter: Limiter, options: AnswerOptions = AnswerOptions(), metrics: Metrics | None = None,
-        heap: Heap | None = None,
+        heap: Heap | None = None, policy: RequestPolicy | None = None,
     ) -> None:
         self._limiter = limiter
         self._options = options
+        self._policy = policy or RequestPolicy()
         self.metrics = metrics or Metrics()
         self._heap = heap  # keeps collection pauses short and memory returned (slidegate.heap), in slidegate serve
         self._prepared: dict[bytes, Prepared] = {}
@@ -309,10 +260,18 @@ class RateLimitService:
             self.metrics.response_time.record(int((time.perf_counter() - started) * 1000))
 
     def refused(self, exc: Undecided) -> None:
-        """Count a call refused as invalid (the reference's ``service_error``); storage failures are counted
-        where they happen (``redis_error``)."""
-        if isinstance(exc, (InvalidRequest, InvalidOverride, NoConfigLoaded)):
+        """Count a call refused as invalid (the reference's ``service_error``; a refused field under its own
+        name); storage failures are counted where they happen (``redis_error``)."""
+        if isinstance(exc, RefusedField):
+            count = (self.metrics.refused_negative_hits if exc.field is Refusable.NEGATIVE_HITS
+                     else self.metrics.refused_limit_override)
+            count.inc()
+        elif isinstance(exc, (InvalidRequest, InvalidOverride, NoConfigLoaded)):
             self.metrics.service_errors.inc()
+
+    def parse(self, request: Request) -> tuple[str, list[Descriptor]]:
+        """``parse_request`` under this service's RequestPolicy (for the HTTP API: gRPC calls come as bytes)."""
+        return parse_request(request, self._policy)
 
     def _prepare_bytes(self, data: bytes) -> Prepared:
         try:
@@ -322,7 +281,7 @@ class RateLimitService:
             reason = (str(exc).replace(Request.DESCRIPTOR.full_name, rls_pb2.RateLimitRequest.DESCRIPTOR.full_name)
                       or "not a protobuf message")
             raise InvalidRequest(f"malformed RateLimitRequest: {reason}") from exc
-        domain, descriptors = parse_request(request)
+        domain, descriptors = parse_request(request, self._policy)
         remember = (len(data) <= PREPARED_MAX_BYTES and len(descriptors) <= PREPARED_MAX_DESCRIPTORS
                     and sum(len(d.entries) for d in descriptors) <= PREPARED_MAX_ENTRIES)
         prepared = self.prepare(domain, descriptors, request.hits_addend, skeleton=remember)

@@ -157,6 +157,7 @@ def _duration_within(least: float, most: float, said: str) -> Callable[[str], fl
 
 _pipeline_window = _duration_within(0, 60, "at most 60 s")
 _drain = _duration_within(0, 3600, "at most 1 h")
+_settle = _duration_within(0, 60, "at most 60 s")
 _connection_age = _duration_within(0, 365 * 86400, "at most a year")
 _flush_interval = _duration_within(0.001, 3600, "at least 1 ms and at most 1 h")
 # below a millisecond no Redis round trip fits (and the backend's deadlines are kept to 2 ms)
@@ -287,6 +288,9 @@ SPECS: tuple[Spec, ...] = (
          "directory of the YAML files inside RUNTIME_ROOT/RUNTIME_SUBDIRECTORY"),
     Spec("runtime_watch_root", "RUNTIME_WATCH_ROOT", "--runtime-watch-root", "true", _bool,
          "watch the config directory's parent too, so a swapped symlink (Kubernetes ConfigMap) is seen"),
+    Spec("config_settle_time", "CONFIG_SETTLE_TIME", "--config-settle-time", "500ms", _settle,
+         "a changed config file is loaded once no config file has changed for this long (0: at once), so that "
+         "one written in parts never loads half written (a finished file renamed into place is always whole)"),
     Spec("backend_type", "BACKEND_TYPE", "--backend", "redis", _backend_type,
          "redis (shared by every replica) or memory (this process only)"),
     Spec("redis_type", "REDIS_TYPE", "--redis-type", "single", _choice("single", "sentinel", "cluster"),
@@ -415,6 +419,14 @@ SPECS: tuple[Spec, ...] = (
          "fixed_window: do not count hits of requests that are over limit"),
     Spec("response_dynamic_metadata", "RESPONSE_DYNAMIC_METADATA", "--response-dynamic-metadata", "false", _bool,
          "describe the request and matched rules' metadata in dynamic_metadata"),
+    Spec("negative_hits_enabled", "NEGATIVE_HITS_ENABLED", "--negative-hits-enabled", "false", _bool,
+         "accept is_negative_hits (a descriptor giving hits back); refused with INVALID_ARGUMENT otherwise, since "
+         "anyone who reaches the port could empty any counter (docs/security.md)"),
+    Spec("limit_override_enabled", "LIMIT_OVERRIDE_ENABLED", "--limit-override-enabled", "true", _bool,
+         "accept a descriptor's own limit (Envoy's RateLimit.limit), as envoyproxy/ratelimit does; refused with "
+         "INVALID_ARGUMENT otherwise (docs/security.md)"),
+    Spec("json_endpoint_enabled", "JSON_ENDPOINT_ENABLED", "--json-endpoint-enabled", "true", _bool,
+         "serve POST /json (ShouldRateLimit in JSON) on the HTTP port"),
     Spec("near_limit_ratio", "NEAR_LIMIT_RATIO", "--near-limit-ratio", "0.8", _ratio,
          "a hit past this share of a limit counts as near_limit in the metrics"),
     Spec("limit_response_headers_enabled", "LIMIT_RESPONSE_HEADERS_ENABLED", "--limit-response-headers-enabled",
@@ -529,6 +541,7 @@ class Settings:
     runtime_subdirectory: str
     runtime_appdirectory: str
     runtime_watch_root: bool
+    config_settle_time: float
     backend_type: str
     redis_type: str
     redis_socket_type: str
@@ -585,6 +598,9 @@ class Settings:
     quota_mode: bool
     stop_cache_key_increment_when_overlimit: bool
     response_dynamic_metadata: bool
+    negative_hits_enabled: bool
+    limit_override_enabled: bool
+    json_endpoint_enabled: bool
     near_limit_ratio: float
     limit_response_headers_enabled: bool
     limit_response_headers_ietf: bool
