@@ -197,11 +197,19 @@ def errors(write_config: WriteConfig, text: str) -> list[str]:
         ("domain: d\x01\n", ["config.yaml:1: invalid YAML: control characters are not allowed"]),
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: !!int abc}\n", [
             "config.yaml:4: descriptors[0].rate_limit.requests_per_unit: must be a whole number, got 'abc'"]),
+        # SafeConstructor indexes an empty !!int at [0] and calls None.groupdict() on a !!timestamp it cannot match
+        ('domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: !!int ""}\n', [
+            "config.yaml:4: descriptors[0].rate_limit.requests_per_unit: must be a whole number, got ''"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    metadata: {a: !!timestamp x, b: !!float ''}\n", [
+            "config.yaml:4: descriptors[0].metadata: cannot be read: a value does not fit its tag"]),
+        ("domain: d\ndescriptors:\n  - key: k\n    metadata: {? [a] : 1}\n", [
+            "config.yaml:4: descriptors[0].metadata: cannot be read: found unhashable key"]),
+        ("domain: &a d\nname: &a n\n", ["config.yaml:2: invalid YAML: found duplicate anchor (first on line 1)"]),
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1:30}\n", [
             "config.yaml:4: descriptors[0].rate_limit.requests_per_unit: must be a whole number, got '1:30'"]),
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: " + "9" * 5000
          + "}\n", ["config.yaml:4: descriptors[0].rate_limit.requests_per_unit: must be a whole number, got '"
-                   + "9" * 5000 + "'"]),
+                   + "9" * 80 + "…' (5000 characters)"]),
         ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: !!bool maybe}\n", [
             "config.yaml:4: descriptors[0].rate_limit.unlimited: must be true or false, got 'maybe'",
             "config.yaml:4: descriptors[0].rate_limit.unit: is required "

@@ -79,5 +79,5 @@ def load_resources(resources: Sequence[rls_conf_pb2.RateLimitConfig], version: s
     try:
         config = load_texts([(r.name, to_yaml(r)) for r in resources], options)
     except ConfigError as exc:
-        raise ConfigError([ConfigIssue(i.file, 0, i.field, i.message) for i in exc.issues]) from None
+        raise ConfigError([ConfigIssue(i.file, 0, i.field, i.message) for i in exc.issues], exc.more) from None
     return Config(domains=config.domains, version=version)

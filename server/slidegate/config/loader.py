@@ -1,4 +1,4 @@
-"""Load envoyproxy/ratelimit YAML config files into the model, reporting every error with file, line and field.
+"""Load envoyproxy/ratelimit YAML config files into the model, reporting errors with file, line and field.
 
 The format (one ``domain`` per file, nested ``descriptors`` with ``key``/``value``/``rate_limit``) and its
 validation rules follow envoyproxy/ratelimit (``src/config/config_impl.go``); see docs/configuration.md.
@@ -7,7 +7,6 @@ YAML is composed into nodes (not plain dicts) so that each error can point at it
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,18 @@ from typing import Any
 import yaml
 
 from slidegate.algorithms import ALGORITHM_NAMES, MAX_WINDOW_SECONDS, RULES, Algorithm
-from slidegate.config.errors import ConfigError, ConfigIssue, yaml_issue
+from slidegate.config.errors import (
+    NULL_TAG,
+    ConfigError,
+    ConfigIssue,
+    Issues,
+    describe,
+    kind,
+    quoted,
+    second_document_issue,
+    struct_problem,
+    yaml_issue,
+)
 from slidegate.config.model import Config, DescriptorNode, DomainConfig, Level, RateLimit, wildcard_pattern
 from slidegate.failure_modes import FAILURE_MODE_NAMES, FailureMode
 from slidegate.units import UNIT_NAMES, Unit
@@ -34,13 +44,16 @@ _RATE_LIMIT_KEYS = (
 )
 
 
-MAX_METADATA_DEPTH = 20  # a response nests ~10 messages around metadata, 3 for each mapping; protobuf reads 100
 MAX_MAPPINGS = 100_000  # mappings (and metadata nodes) read from one file, after expanding YAML aliases
+# characters of one file's rule paths (key_value.key2_value2, each rule's) and metadata, after expanding aliases:
+# each repeat of a value shared by aliases is kept whole (and check-config prints it)
+MAX_TEXT_CHARS = 64 * 1024 * 1024
+MAX_COUNTED = 100_000  # problems counted in one file before the rest of it is left unread: each is work
 MAX_FILE_BYTES = 16 * 1024 * 1024
 
 
-class _TooLarge(Exception):
-    """The file expands to more than MAX_MAPPINGS mappings."""
+class _GiveUp(Exception):
+    """The rest of the file is left unread; the message says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +69,10 @@ class LoadOptions:
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _INT = "tag:yaml.org,2002:int"
 _BOOL = "tag:yaml.org,2002:bool"
-_NULL = "tag:yaml.org,2002:null"
+_NULL = NULL_TAG
+# what SafeConstructor raises for a tagged scalar it cannot read: it assumes well-formed text (an empty !!int is
+# indexed at [0], a !!timestamp that does not match calls None.groupdict())
+_UNREADABLE = (ArithmeticError, AttributeError, LookupError, TypeError, ValueError, yaml.YAMLError)
 
 
 class _File:
@@ -65,21 +81,34 @@ class _File:
     def __init__(self, path: str, options: LoadOptions) -> None:
         self.path = path
         self.options = options
-        self.issues: list[ConfigIssue] = []
+        self.issues = Issues()
         self._constructor = yaml.SafeLoader("")
         self._mappings = 0
+        self._chars = 0
 
     def issue(self, node: yaml.Node | None, field: str, message: str) -> None:
         line = node.start_mark.line + 1 if node is not None else 0
-        self.issues.append(ConfigIssue(self.path, line, field, message))
+        self.issues.add(ConfigIssue(self.path, line, field, message))
+        if len(self.issues) >= MAX_COUNTED:  # a few lines of aliases can repeat one mistake 10^8 times
+            raise _GiveUp(f"{MAX_COUNTED:,} problems found (after expanding YAML aliases): the rest of the file "
+                          "was not read")
+
+    def count(self, mappings: int = 1, chars: int = 0) -> None:
+        """Count mappings (or metadata nodes) and characters read: YAML aliases can make a few lines expand a
+        millionfold."""
+        self._mappings += mappings
+        self._chars += chars
+        if self._mappings > MAX_MAPPINGS:
+            raise _GiveUp(f"more than {MAX_MAPPINGS} descriptors and limits (after expanding YAML aliases): "
+                          "split it or drop aliases")
+        if self._chars > MAX_TEXT_CHARS:
+            raise _GiveUp(f"more than {MAX_TEXT_CHARS // 1024 // 1024} MiB of descriptor paths and metadata (after "
+                          "expanding YAML aliases): split it or drop aliases")
 
     def mapping(self, node: yaml.Node, field: str, allowed: tuple[str, ...]) -> dict[str, yaml.Node] | None:
-        # YAML aliases can make a few lines expand to millions of descriptors ("billion laughs")
-        self._mappings += 1
-        if self._mappings > MAX_MAPPINGS:
-            raise _TooLarge
+        self.count()
         if not isinstance(node, yaml.MappingNode):
-            self.issue(node, field, f"must be a mapping, got {_kind(node)}")
+            self.issue(node, field, f"must be a mapping, got {kind(node)}")
             return None
         out: dict[str, yaml.Node] = {}
         for key_node, value_node in node.value:
@@ -90,7 +119,7 @@ class _File:
             elif name in out:
                 self.issue(key_node, sub, "duplicate key in the same mapping")
             elif name not in allowed:
-                self.issue(key_node, sub, f"unknown key '{name}' (expected one of: {', '.join(allowed)})")
+                self.issue(key_node, sub, f"unknown key {quoted(name)} (expected one of: {', '.join(allowed)})")
             else:
                 out[name] = value_node
         return out
@@ -99,7 +128,7 @@ class _File:
         """A scalar read as text, as envoyproxy/ratelimit's YAML decoder reads it into a string field
         (``value: 123`` is "123"); null is None."""
         if not isinstance(node, yaml.ScalarNode):
-            self.issue(node, field, f"must be a string, got {_kind(node)}")
+            self.issue(node, field, f"must be a string, got {kind(node)}")
             return None
         if node.tag == _NULL:
             return None
@@ -108,12 +137,12 @@ class _File:
     def integer(self, node: yaml.Node, field: str, maximum: int, minimum: int = 0) -> int | None:
         # YAML 1.1 reads 1:30 as 90 (base 60); nobody means that in a limit
         if not isinstance(node, yaml.ScalarNode) or node.tag != _INT or ":" in node.value or len(node.value) > 40:
-            self.issue(node, field, f"must be a whole number, got {_describe(node)}")
+            self.issue(node, field, f"must be a whole number, got {describe(node)}")
             return None
         try:
             value = self._constructor.construct_object(node)
-        except (ValueError, yaml.YAMLError):
-            self.issue(node, field, f"must be a whole number, got {_describe(node)}")
+        except _UNREADABLE:
+            self.issue(node, field, f"must be a whole number, got {describe(node)}")
             return None
         if not minimum <= value <= maximum:
             self.issue(node, field, f"must be between {minimum} and {maximum}, got {value}")
@@ -123,24 +152,24 @@ class _File:
     def data(self, node: yaml.Node, field: str) -> dict[str, Any] | None:
         """A mapping of plain data (for ``metadata``), as JSON would hold it."""
         if not isinstance(node, yaml.MappingNode):
-            self.issue(node, field, f"must be a mapping, got {_kind(node)}")
+            self.issue(node, field, f"must be a mapping, got {kind(node)}")
             return None
         # count every node it expands to before building it: aliases can multiply a few lines a millionfold
         stack: list[yaml.Node] = [node]
         while stack:
-            self._mappings += 1
-            if self._mappings > MAX_MAPPINGS:
-                raise _TooLarge
             current = stack.pop()
+            self.count(chars=len(current.value) if isinstance(current, yaml.ScalarNode) else 0)
             if isinstance(current, yaml.MappingNode):
                 stack.extend(v for pair in current.value for v in pair)
             elif isinstance(current, yaml.SequenceNode):
                 stack.extend(current.value)
         try:
             value = self._constructor.construct_object(node, deep=True)
-        except (TypeError, ValueError, yaml.YAMLError):
-            value = None
-        problem = _not_struct(value, 1) if isinstance(value, dict) else "must be a mapping"
+        except _UNREADABLE as exc:  # a tag its text does not fit (!!int x), a list or a mapping as a key
+            reason = getattr(exc, "problem", None) or "a value does not fit its tag"
+            self.issue(node, field, f"cannot be read: {reason}")
+            return None
+        problem = struct_problem(value) if isinstance(value, dict) else "must be a mapping"
         if problem:
             self.issue(node, field, problem)
             return None
@@ -148,50 +177,13 @@ class _File:
 
     def boolean(self, node: yaml.Node, field: str) -> bool | None:
         if not isinstance(node, yaml.ScalarNode) or node.tag != _BOOL:
-            self.issue(node, field, f"must be true or false, got {_describe(node)}")
+            self.issue(node, field, f"must be true or false, got {describe(node)}")
             return None
         try:
             return bool(self._constructor.construct_object(node))
-        except (KeyError, yaml.YAMLError):
-            self.issue(node, field, f"must be true or false, got {_describe(node)}")
+        except _UNREADABLE:
+            self.issue(node, field, f"must be true or false, got {describe(node)}")
             return None
-
-
-def _not_struct(value: Any, depth: int) -> str | None:
-    """Why ``value`` cannot be sent as a protobuf Struct (Envoy's dynamic metadata), or None."""
-    if isinstance(value, dict | list) and depth > MAX_METADATA_DEPTH:
-        return (f"nests more than {MAX_METADATA_DEPTH} mappings and lists deep (a response nesting deeper cannot "
-                "be read by protobuf, Envoy's included)")
-    if isinstance(value, dict):
-        if not all(isinstance(k, str) for k in value):
-            return "must have text keys only"
-        return next((p for v in value.values() if (p := _not_struct(v, depth + 1))), None)
-    if isinstance(value, list):
-        return next((p for v in value if (p := _not_struct(v, depth + 1))), None)
-    if value is None or isinstance(value, str | bool):
-        return None
-    if isinstance(value, int):
-        # a Struct number is a double: a whole number beyond 2^53 would change on the way
-        if abs(value) <= 2**53:
-            return None
-        return f"holds a whole number of {len(str(abs(value)))} digits, which a protobuf Struct (a double) cannot hold"
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"holds {value}, which JSON and a protobuf Struct cannot carry"
-    return "must hold only strings, numbers, booleans, lists and mappings with text keys"
-
-
-def _kind(node: yaml.Node) -> str:
-    if isinstance(node, yaml.MappingNode):
-        return "a mapping"
-    if isinstance(node, yaml.SequenceNode):
-        return "a list"
-    return "null" if node.tag == _NULL else "a scalar"
-
-
-def _describe(node: yaml.Node) -> str:
-    if isinstance(node, yaml.ScalarNode) and node.tag != _NULL:
-        return repr(node.value)
-    return _kind(node)
 
 
 def _parse_rate_limit(f: _File, node: yaml.Node, field: str) -> RateLimit | None:
@@ -220,7 +212,8 @@ def _parse_rate_limit(f: _File, node: yaml.Node, field: str) -> RateLimit | None
                 raise KeyError(unit_text)
             unit = Unit.parse(unit_text)
         except KeyError:
-            f.issue(fields["unit"], f"{field}.unit", f"unknown unit '{unit_text}' (expected one of: {UNIT_NAMES})")
+            f.issue(fields["unit"], f"{field}.unit",
+                    f"unknown unit {quoted(unit_text)} (expected one of: {UNIT_NAMES})")
     if unit is not None and unit.seconds * multiplier > MAX_WINDOW_SECONDS:
         f.issue(fields["unit_multiplier"], f"{field}.unit_multiplier",
                 f"makes a window of {unit.seconds * multiplier} s, longer than the {MAX_WINDOW_SECONDS} s allowed")
@@ -231,7 +224,7 @@ def _parse_rate_limit(f: _File, node: yaml.Node, field: str) -> RateLimit | None
             algorithm = Algorithm(text)
         except ValueError:
             f.issue(fields["algorithm"], f"{field}.algorithm",
-                    f"unknown algorithm '{text}' (expected one of: {ALGORITHM_NAMES})")
+                    f"unknown algorithm {quoted(text)} (expected one of: {ALGORITHM_NAMES})")
     burst = None
     if "burst" in fields:
         burst = f.integer(fields["burst"], f"{field}.burst", UINT32_MAX)
@@ -251,7 +244,7 @@ def _parse_rate_limit(f: _File, node: yaml.Node, field: str) -> RateLimit | None
 
 def _parse_replaces(f: _File, node: yaml.Node, field: str, own_name: str) -> list[str]:
     if not isinstance(node, yaml.SequenceNode):
-        f.issue(node, field, f"must be a list of {{name: ...}}, got {_kind(node)}")
+        f.issue(node, field, f"must be a list of {{name: ...}}, got {kind(node)}")
         return []
     names = []
     for index, item in enumerate(node.value):
@@ -263,7 +256,7 @@ def _parse_replaces(f: _File, node: yaml.Node, field: str, own_name: str) -> lis
         if not name:
             f.issue(entry.get("name", item), f"{here}.name", "must not be empty")
         elif name == own_name:
-            f.issue(entry["name"], f"{here}.name", f"a limit cannot replace its own name '{name}'")
+            f.issue(entry["name"], f"{here}.name", f"a limit cannot replace its own name {quoted(name)}")
         else:
             names.append(name)
     return names
@@ -278,7 +271,7 @@ def _parse_descriptors(
 ) -> None:
     if not isinstance(node, yaml.SequenceNode):
         if node.tag != _NULL:
-            f.issue(node, field, f"must be a list of descriptors, got {_kind(node)}")
+            f.issue(node, field, f"must be a list of descriptors, got {kind(node)}")
         return
     for index, item in enumerate(node.value):
         here = f"{field}[{index}]"
@@ -298,6 +291,7 @@ def _parse_descriptors(
         if flags.get("share_threshold") and not wildcard:
             f.issue(fields["share_threshold"], f"{here}.share_threshold", "needs a value with '*' to share")
         metadata = f.data(fields["metadata"], f"{here}.metadata") if "metadata" in fields else None
+        f.count(0, len(parent) + len(key) + len(value or ""))  # its path (metric_key), before it is made
         node_out = DescriptorNode(
             key=key, value=value, rate_limit=rate_limit, children=Level(),
             source=f"{f.path}:{item.start_mark.line + 1}",
@@ -310,7 +304,7 @@ def _parse_descriptors(
                                f"{node_out.metric_key}.", node_out)
         if not _add(level, node_out):
             composite = f"{key}_{value}" if value else key
-            f.issue(item, here, f"duplicate descriptor composite key '{domain}.{composite}'")
+            f.issue(item, here, f"duplicate descriptor composite key {quoted(f'{domain}.{composite}')}")
 
 
 def _add(level: Level, node: DescriptorNode) -> bool:
@@ -330,58 +324,52 @@ def _add(level: Level, node: DescriptorNode) -> bool:
     return True
 
 
-def _parse_file(path: Path, options: LoadOptions) -> tuple[DomainConfig, int, list[ConfigIssue]]:
-    """Parse one file; return its config (possibly partial), the line of its domain and every issue."""
-    config = DomainConfig(domain="", root=Level(), source=str(path))
-    if path.exists() and not path.is_file():  # reading a FIFO would block the load forever
-        return config, 0, [ConfigIssue(str(path), 0, "", "not a regular file")]
-    if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
-        return config, 0, [ConfigIssue(str(path), 0, "", f"larger than {MAX_FILE_BYTES // 1024 // 1024} MiB")]
+_Parsed = tuple[DomainConfig, int, Issues]  # a file's config (possibly partial), the line of its domain, its issues
+
+
+def _refused(issue: ConfigIssue) -> _Parsed:
+    return DomainConfig(domain="", root=Level(), source=issue.file), 0, Issues([issue])
+
+
+def _parse_file(path: Path, options: LoadOptions) -> _Parsed:
+    """Parse one file."""
     try:
+        if path.exists() and not path.is_file():  # reading a FIFO would block the load forever
+            return _refused(ConfigIssue(str(path), 0, "", "not a regular file"))
+        if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
+            return _refused(ConfigIssue(str(path), 0, "", f"larger than {MAX_FILE_BYTES // 1024 // 1024} MiB"))
         text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        return config, 0, [ConfigIssue(str(path), 0, "", f"cannot read file: {exc.strerror or exc}")]
+    except OSError as exc:  # a link into a directory this process may not enter, too
+        return _refused(ConfigIssue(str(path), 0, "", f"cannot read file: {exc.strerror or exc}"))
     except UnicodeDecodeError as exc:
-        return config, 0, [ConfigIssue(str(path), 0, "", f"not UTF-8 text: {exc.reason}")]
+        return _refused(ConfigIssue(str(path), 0, "", f"not UTF-8 text: {exc.reason}"))
     return _parse_text(str(path), text, options)
 
 
-def _parse_text(name: str, text: str, options: LoadOptions) -> tuple[DomainConfig, int, list[ConfigIssue]]:
-    """Parse one file's text (``name``: the file, in errors); return its config (possibly partial), the line of
-    its domain and every issue."""
-    f = _File(name, options)
-    config = DomainConfig(domain="", root=Level(), source=name)
+def _parse_text(name: str, text: str, options: LoadOptions) -> _Parsed:
+    """Parse one file's text (``name``: the file, in errors)."""
     try:
         documents = list(yaml.compose_all(text, Loader=_YAML_LOADER))
     except yaml.YAMLError as exc:
-        return config, 0, [yaml_issue(name, text, exc)]
+        return _refused(yaml_issue(name, text, exc))
     except RecursionError:
-        return config, 0, [ConfigIssue(name, 0, "", "invalid YAML: nested too deeply")]
+        return _refused(ConfigIssue(name, 0, "", "invalid YAML: nested too deeply"))
     root = documents[0] if documents else None
     if root is None:
-        return config, 0, [ConfigIssue(name, 0, "domain", "is required (the file is empty)")]
+        return _refused(ConfigIssue(name, 0, "domain", "is required (the file is empty)"))
     for extra in documents[1:]:
-        # envoyproxy/ratelimit reads the first document and drops the rest without a word: limits its
-        # operator wrote and never had. Refused, so that nobody is surprised either way.
         if extra is not None and extra.tag != _NULL:  # an empty document (a file ending in '---') says nothing
-            lines, at = text.split("\n"), extra.start_mark.line
-            while at > 0 and not lines[at].startswith("---"):  # the line of its '---', not of its content
-                at -= 1
-            return config, 0, [ConfigIssue(name, at + 1, "", "a second YAML document "
-                                           "('---'): one file holds one domain (envoyproxy/ratelimit reads only "
-                                           "the first and ignores the rest); put each in a file of its own")]
+            return _refused(second_document_issue(name, text, extra))
+    f = _File(name, options)
+    config = DomainConfig(domain="", root=Level(), source=name)
+    line = 0
     try:
         line = _parse_root(f, root, config)
-    except _TooLarge:
-        f.issues.append(ConfigIssue(name, 0, "", f"more than {MAX_MAPPINGS} descriptors and limits "
-                                    "(after expanding YAML aliases): split it or drop aliases"))
-        line = 0
+    except _GiveUp as exc:
+        f.issues.add(ConfigIssue(name, 0, "", str(exc)))
     except RecursionError:
-        f.issues.append(ConfigIssue(name, 0, "", "descriptors nested too deeply, or a YAML alias "
-                                    "that contains itself"))
-        line = 0
-    # in the order a reader meets them (a rule's own problems are found before its duplicate key, for one)
-    return config, line, sorted(f.issues, key=lambda issue: issue.line)
+        f.issues.add(ConfigIssue(name, 0, "", "descriptors nested too deeply, or a YAML alias that contains itself"))
+    return config, line, f.issues
 
 
 def _parse_root(f: _File, root: yaml.Node, config: DomainConfig) -> int:
@@ -404,15 +392,15 @@ def _parse_root(f: _File, root: yaml.Node, config: DomainConfig) -> int:
                 config.failure_mode = FailureMode(mode.lower())
             elif len(f.issues) == issues_before:
                 f.issue(fields["failure_mode"], "failure_mode",
-                        f"unknown failure mode '{mode}' (expected one of: {FAILURE_MODE_NAMES})")
+                        f"unknown failure mode {quoted(str(mode))} (expected one of: {FAILURE_MODE_NAMES})")
     return line
 
 
 def load_file(path: str | Path, options: LoadOptions = LoadOptions()) -> DomainConfig:
-    """Load one YAML file (one domain). Raises ConfigError listing every problem found."""
+    """Load one YAML file (one domain). Raises ConfigError with the problems found (the first, and a count)."""
     config, _, issues = _parse_file(Path(path), options)
     if issues:
-        raise ConfigError(issues)
+        raise ConfigError.of(issues)
     return config
 
 
@@ -428,57 +416,60 @@ def config_files(directory: str | Path) -> list[Path]:
 
 
 def load_directory(directory: str | Path, options: LoadOptions = LoadOptions()) -> Config:
-    """Load every config file of ``directory``. Raises ConfigError with every problem of every file (a
+    """Load every config file of ``directory``. Raises ConfigError with the problems of every file (a
     missing directory, a file error, a domain defined in two files without ``merge_domains``, or, when
     merging, the same rule in two files)."""
     directory = Path(directory)
-    if not directory.is_dir():
-        raise ConfigError([ConfigIssue(str(directory), 0, "", "config directory does not exist")])
-    return _assemble([_parse_file(path, options) for path in config_files(directory)], options)
+    try:
+        if not directory.is_dir():
+            raise ConfigError([ConfigIssue(str(directory), 0, "", "config directory does not exist")])
+        paths = config_files(directory)
+    except OSError as exc:  # a name too long, a directory this process may not read
+        issue = ConfigIssue(str(directory), 0, "", f"cannot read config directory: {exc.strerror or exc}")
+        raise ConfigError([issue]) from None
+    return _assemble([_parse_file(path, options) for path in paths], options)
 
 
 def load_texts(files: Sequence[tuple[str, str]], options: LoadOptions = LoadOptions()) -> Config:
     """Load files given as (name, YAML text), as ``load_directory`` loads a directory's (the config over xDS
-    comes this way, each resource's name standing for a file). Raises ConfigError with every problem."""
+    comes this way, each resource's name standing for a file). Raises ConfigError with the problems."""
     return _assemble([_parse_text(name, text, options) for name, text in files], options)
 
 
-def _assemble(parsed: list[tuple[DomainConfig, int, list[ConfigIssue]]], options: LoadOptions) -> Config:
-    """One Config of the parsed files. Raises ConfigError with every problem of every file, and a domain defined
+def _assemble(parsed: list[_Parsed], options: LoadOptions) -> Config:
+    """One Config of the parsed files. Raises ConfigError with the problems of every file, and a domain defined
     in two files without ``merge_domains`` (or, when merging, the same rule in two files)."""
-    issues: list[ConfigIssue] = []
+    issues = Issues(by_line=False)
     domains: dict[str, DomainConfig] = {}
     for config, line, file_issues in parsed:
-        issues.extend(file_issues)
+        issues.add_all(file_issues)
         if not config.domain:
             continue
         first = domains.get(config.domain)
         if first is None:
             domains[config.domain] = config
         elif not options.merge_domains:
-            issues.append(ConfigIssue(
-                config.source, line, "domain", f"duplicate domain '{config.domain}' (also in {first.source})"))
+            issues.add(ConfigIssue(
+                config.source, line, "domain", f"duplicate domain {quoted(config.domain)} (also in {first.source})"))
         else:
-            issues.extend(_merge(first.root, config.root, config.domain, config.source))
+            _merge(first.root, config.root, config.domain, config.source, issues)
             if config.failure_mode and first.failure_mode not in (None, config.failure_mode):
-                issues.append(ConfigIssue(
+                issues.add(ConfigIssue(
                     config.source, 0, "failure_mode", f"'{config.failure_mode}' conflicts with '{first.failure_mode}' "
-                    f"for domain '{config.domain}' (merging domain files)"))
+                    f"for domain {quoted(config.domain)} (merging domain files)"))
             elif config.failure_mode:
                 first.failure_mode = config.failure_mode
     if issues:
-        raise ConfigError(issues)
+        raise ConfigError.of(issues)
     return Config(domains=domains)
 
 
-def _merge(into: Level, extra: Level, domain: str, path: str) -> list[ConfigIssue]:
+def _merge(into: Level, extra: Level, domain: str, path: str, issues: Issues) -> None:
     """Add the top-level rules of ``extra`` (one file) to ``into`` (the domain so far); a rule both define
     is an error (MERGE_DOMAIN_CONFIG merges descriptors, it never overrides one)."""
-    issues = []
     for node in extra.nodes():
         composite = f"{node.key}_{node.value}" if node.value else node.key
         if not _add(into, node):
             line = int(node.source.rsplit(":", 1)[1])
-            issues.append(ConfigIssue(path, line, "", f"duplicate descriptor composite key '{domain}.{composite}' "
-                                      "(merging domain files)"))
-    return issues
+            issues.add(ConfigIssue(path, line, "", f"duplicate descriptor composite key "
+                                   f"{quoted(f'{domain}.{composite}')} (merging domain files)"))
