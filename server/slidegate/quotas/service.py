@@ -19,7 +19,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,26 +27,30 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from slidegate._proto.envoy.service.rate_limit_quota.v3 import rlqs_pb2
-from slidegate._proto.envoy.type.v3 import ratelimit_strategy_pb2
 from slidegate.config import Config
 from slidegate.limiter import Descriptor, Limiter, NoConfigLoaded
 from slidegate.logs import Repeated
 from slidegate.quotas.ledger import SLACK_MS, TTL_MS, Assignment, HolderTaken, share_of
-from slidegate.quotas.storage import Quota, QuotaStorage
+from slidegate.quotas.messages import (
+    ALLOW_ALL,
+    DENY_ALL,
+    MalformedReports,
+    Reports,
+    Response,
+    abandoned,
+    assigned,
+    blanket,
+    bucket_entries,
+    parse_reports,
+)
+from slidegate.quotas.storage import Departure, Quota, QuotaStorage
 
 log = logging.getLogger("slidegate.quotas")
 
 SERVICE = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService"
-Reports = rlqs_pb2.RateLimitQuotaUsageReports
-Response = rlqs_pb2.RateLimitQuotaResponse
-ALLOW_ALL = ratelimit_strategy_pb2.RateLimitStrategy.ALLOW_ALL
-DENY_ALL = ratelimit_strategy_pb2.RateLimitStrategy.DENY_ALL
 
 # a bucket without requests for this long (or its quota's window, if longer) is abandoned
 IDLE_MS = 60_000
-# a bucket id beyond these is malformed: Envoy's builders make a few short entries
-MAX_ENTRIES = 32
-MAX_ID_BYTES = 8192
 # the stream metadata an Envoy names itself with (the filter's rlqs_server.initial_metadata), so that its holders
 # outlive its streams
 INSTANCE_HEADER = "x-rlqs-instance"
@@ -137,6 +141,7 @@ class QuotaService:
                                         "stays as it was until its TTL, and its holder starts again): %s")
         self.taken = Repeated(log, "two streams report as the same Envoy instance (%s): the later one's buckets "
                                "are its own, as if it had not named itself")
+        self.refused_stream = Repeated(log, "a quota stream ended with INVALID_ARGUMENT: %s")
 
     async def close(self) -> None:
         await self.storage.close()
@@ -159,28 +164,30 @@ class QuotaService:
         return domain
 
     def blanket(self, bucket_id: rlqs_pb2.BucketId, rule: int, label: str) -> Response.BucketAction:
-        action = Response.BucketAction(bucket_id=bucket_id)
-        assignment = action.quota_assignment_action
-        assignment.assignment_time_to_live.FromMilliseconds(TTL_MS)
-        assignment.rate_limit_strategy.blanket_rule = rule  # type: ignore[assignment]  # an int of the enum
         self.metrics.assignments.labels(label, "allow_all" if rule == ALLOW_ALL else "deny_all").inc()
-        return action
+        return blanket(bucket_id, rule)
 
     def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
-        method = grpc.stream_stream_rpc_method_handler(
-            self.stream, request_deserializer=Reports.FromString,
-            response_serializer=Response.SerializeToString)
+        # reports arrive as bytes (no request_deserializer): gRPC would answer one it cannot parse with UNKNOWN,
+        # naming its own exception, and log a traceback
+        method = grpc.stream_stream_rpc_method_handler(self.stream, response_serializer=Response.SerializeToString)
         return grpc.method_handlers_generic_handler(SERVICE, {"StreamRateLimitQuotas": method})
 
-    async def stream(self, reports: AsyncIterator[Reports], context: Any) -> AsyncIterator[Response]:
-        """One Envoy's stream: an answer to every report, in parts for a large one, until Envoy goes."""
+    async def stream(self, reports: AsyncIterator[bytes], context: Any) -> AsyncIterator[Response]:
+        """One Envoy's stream: an answer to every report, in parts for a large one, until Envoy goes; bytes that
+        are not a report end it with INVALID_ARGUMENT."""
         stream = _Stream(self, f"{self._process}-{next(self._streams)}", _instance(context), context.peer())
         self.metrics.streams.inc()
         try:
             log.info("quota stream %s opened by %s%s", stream.name, stream.peer,
                      f" (instance {stream.instance})" if stream.instance else "")
             await self.warm()
-            async for message in reports:
+            async for data in reports:
+                try:
+                    message = parse_reports(data)
+                except MalformedReports as exc:
+                    self.refused_stream(f"{stream.name} ({stream.peer}): {exc}")
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))  # raises: the stream ends
                 async for response in stream.answer(message):
                     yield response
         finally:
@@ -219,7 +226,7 @@ class _Stream:
         leaving: list[Bucket] = []
         pending: dict[tuple[str, tuple[tuple[str, str], ...]], list[int]] = {}  # bucket → [allowed, denied, ms]
         for usage in message.bucket_quota_usages:
-            entries = _entries(usage.bucket_id)
+            entries = bucket_entries(usage.bucket_id)
             if isinstance(entries, str):
                 metrics.refused.labels("malformed").inc()
                 service.malformed(entries)
@@ -260,9 +267,8 @@ class _Stream:
                 pending[key] = [allowed, denied, usage.time_elapsed.seconds * 1000]
         if actions:
             yield Response(bucket_action=actions)
-        # the abandoned buckets' holders go back once Envoy has been told (a report of thousands of idle buckets
-        # must not wait for a round trip each), before the next report is read
-        await asyncio.gather(*(self._leave(bucket) for bucket in leaving))
+        # the abandoned buckets' holders go back once Envoy has been told, before the next report is read
+        await self._give_back(leaving)
         keys = list(pending)
         for start in range(0, len(keys), CONCURRENT_REPORTS):
             chunk = [self.buckets[k] for k in keys[start:start + CONCURRENT_REPORTS]]
@@ -270,7 +276,7 @@ class _Stream:
             answered = []
             for bucket, assignment in zip(chunk, booked, strict=True):
                 if assignment is not None:
-                    answered.append(_assignment(bucket.bucket_id, assignment))
+                    answered.append(assigned(bucket.bucket_id, assignment))
                     # no_share: no room for this Envoy now (deny_all is a rule's requests_per_unit: 0)
                     metrics.assignments.labels(label, "no_share" if assignment.denies else "token_bucket").inc()
                     assert bucket.quota is not None
@@ -327,7 +333,7 @@ class _Stream:
         metrics = self.service.metrics
         if idle:
             metrics.assignments.labels(label, "abandon").inc()
-            return _abandoned(bucket_id)
+            return abandoned(bucket_id)
         if not self._over_bound:
             self._over_bound = True
             log.warning("quota stream %s (%s) reported more than %d buckets (RLQS_MAX_BUCKETS_PER_STREAM): each "
@@ -342,7 +348,7 @@ class _Stream:
         self.service.metrics.buckets.dec()
         self.service.metrics.assignments.labels(label, "abandon").inc()
         leaving.append(bucket)
-        return _abandoned(bucket.bucket_id)
+        return abandoned(bucket.bucket_id)
 
     async def _leave(self, bucket: Bucket, unsure: int | None = None) -> None:
         """Give ``bucket``'s holder back (its Envoy may enforce it until its TTL: the ledger keeps that booked,
@@ -356,18 +362,25 @@ class _Stream:
             self.service.metrics.storage_errors.inc()
             self.service.storage_failed(repr(exc))
 
+    async def _give_back(self, buckets: Iterable[Bucket]) -> None:
+        """Give the holders of ``buckets`` back, as _leave would each; those of an Envoy that named itself are
+        detached instead, for its next stream to take up."""
+        departures = []
+        for b in buckets:
+            if b.quota is not None:
+                owner = self.name if b.holder.startswith("i:") else ""
+                departures.append(Departure(b.quota, b.holder, b.unsure(last_too=False), owner))
+        if not departures:
+            return
+        failed = await self.service.storage.give_back(departures)
+        if failed:  # a holder not heard from within its lease is retired all the same
+            self.service.metrics.storage_errors.inc(len(failed))
+            self.service.storage_failed(repr(failed[0]))
+
     async def close(self) -> None:
         """The stream ended: its holders go back, or, of an Envoy that named itself, wait for its next stream."""
-        metrics, storage = self.service.metrics, self.service.storage
-        for bucket in self.buckets.values():
-            if bucket.quota is not None and bucket.holder.startswith("i:"):
-                try:
-                    await storage.detach(bucket.quota, bucket.holder, self.name, bucket.unsure(last_too=False))
-                except Exception as exc:  # not heard from within its lease, it is retired all the same
-                    metrics.storage_errors.inc()
-                    self.service.storage_failed(repr(exc))
-            else:
-                await self._leave(bucket)
+        metrics = self.service.metrics
+        await self._give_back(self.buckets.values())
         metrics.buckets.dec(len(self.buckets))
         metrics.streams.dec()
         log.info("quota stream %s closed (%d buckets %s)", self.name, len(self.buckets),
@@ -384,42 +397,3 @@ def _instance(context: Any) -> str:
             log.warning("ignored %s %r from %s: 1 to 128 letters, digits and ._:@/- expected", INSTANCE_HEADER,
                         text[:200], context.peer())
     return ""
-
-
-def _abandoned(bucket_id: rlqs_pb2.BucketId) -> Response.BucketAction:
-    action = Response.BucketAction(bucket_id=bucket_id)
-    action.abandon_action.SetInParent()
-    return action
-
-
-def _assignment(bucket_id: rlqs_pb2.BucketId, assignment: Assignment) -> Response.BucketAction:
-    action = Response.BucketAction(bucket_id=bucket_id)
-    _fill(action, assignment)
-    return action
-
-
-def _fill(action: Response.BucketAction, assignment: Assignment) -> None:
-    quota = action.quota_assignment_action
-    quota.assignment_time_to_live.FromMilliseconds(TTL_MS)
-    if assignment.denies:
-        quota.rate_limit_strategy.blanket_rule = DENY_ALL
-        return
-    bucket = quota.rate_limit_strategy.token_bucket
-    bucket.max_tokens = assignment.max_tokens
-    bucket.tokens_per_fill.value = assignment.tokens_per_fill
-    bucket.fill_interval.FromMilliseconds(assignment.fill_interval_ms)
-
-
-def _entries(bucket_id: rlqs_pb2.BucketId) -> tuple[tuple[str, str], ...] | str:
-    """The descriptor entries of ``bucket_id`` (sorted by key), or why it is malformed."""
-    entries = tuple(sorted(bucket_id.bucket.items()))
-    if not entries:
-        return "an empty bucket id"
-    if len(entries) > MAX_ENTRIES:
-        return f"a bucket id of {len(entries)} entries (at most {MAX_ENTRIES})"
-    size = sum(len(k) + len(v) for k, v in entries)
-    if size > MAX_ID_BYTES:
-        return f"a bucket id of {size} characters (at most {MAX_ID_BYTES})"
-    if any(not key for key, _ in entries):
-        return "a bucket id entry without a key"
-    return entries
