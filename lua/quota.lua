@@ -89,10 +89,16 @@ local function booked_by(r, now, window)
   return math.min(r.share * 1000, total)
 end
 
-local function expires(r, window)
+-- when the retired booking ``text`` can no longer count (ledger.py's _expires_of), read from its end and its last
+-- report alone: a ledger's retired bookings are many, each looked at whenever one is added
+local function expires_of(text, window)
+  local ended = tonumber(string.match(text, '^[^ ]* [^ ]* ([^|]*)|'))
+  -- the last report's time: the string read from its end (a pattern anchored at the end is tried from each
+  -- character on)
+  local at = string.match(string.reverse(text), '^[^,|:]*:([^,|:]*)[,|]')
   local last = 0
-  if #r.reports > 0 then last = r.reports[#r.reports][1] end
-  return math.max(r.ended + SLACK_MS, last) + window
+  if at then last = tonumber(string.reverse(at)) end
+  return math.max(ended + SLACK_MS, last) + window
 end
 
 local function merge_oldest(reports)
@@ -141,18 +147,24 @@ local function same(a, b)
   return a[1] == b[1] and a[2] == b[2] and a[3] == b[3]
 end
 
--- the ledger: field -> value, and its names of a prefix in the order ledger.py sorts them
+-- the ledger: field -> value (read whole by load, which every op but a release or detach that retires nothing
+-- needs: those read and write their holder's field alone, closing a stream costing the same however many holders
+-- the ledger has), and its names of a prefix in the order ledger.py sorts them
 local key = KEYS[1]
 local state = {}
-local flat = redis.call('HGETALL', key)
-for i = 1, #flat, 2 do state[flat[i]] = flat[i + 1] end
+local function load()
+  local flat = redis.call('HGETALL', key)
+  for i = 1, #flat, 2 do state[flat[i]] = flat[i + 1] end
+end
 
 local function retired_names()
-  local names = {}
+  local numbered = {}
   for name in pairs(state) do
-    if string.sub(name, 1, 2) == 'r:' then names[#names + 1] = name end
+    if string.sub(name, 1, 2) == 'r:' then numbered[#numbered + 1] = {tonumber(string.sub(name, 3)), name} end
   end
-  table.sort(names, function(a, b) return tonumber(string.sub(a, 3)) < tonumber(string.sub(b, 3)) end)
+  table.sort(numbered, function(a, b) return a[1] < b[1] end)
+  local names = {}
+  for i, item in ipairs(numbered) do names[i] = item[2] end
   return names
 end
 
@@ -181,14 +193,15 @@ local function retire(entry, window)
   put('r:' .. fmt(number), encode_retired(entry))
   local names = retired_names()
   if #names <= MAX_RETIRED then return end
-  local entries = {}
-  for _, name in ipairs(names) do entries[name] = decode_retired(state[name]) end
+  local ends, numbers = {}, {}
+  for _, name in ipairs(names) do
+    ends[name], numbers[name] = expires_of(state[name], window), tonumber(string.sub(name, 3))
+  end
   table.sort(names, function(a, b)
-    local ea, eb = expires(entries[a], window), expires(entries[b], window)
-    if ea ~= eb then return ea < eb end
-    return tonumber(string.sub(a, 3)) < tonumber(string.sub(b, 3))
+    if ends[a] ~= ends[b] then return ends[a] < ends[b] end
+    return numbers[a] < numbers[b]
   end)
-  local a, b = entries[names[1]], entries[names[2]]
+  local a, b = decode_retired(state[names[1]]), decode_retired(state[names[2]])
   local merged = {}
   for _, r in ipairs(a.reports) do merged[#merged + 1] = r end
   for _, r in ipairs(b.reports) do merged[#merged + 1] = r end
@@ -215,7 +228,7 @@ end
 
 local function tidy(holder, now, window)
   for _, name in ipairs(retired_names()) do
-    if now >= expires(decode_retired(state[name]), window) then drop(name) end
+    if now >= expires_of(state[name], window) then drop(name) end
   end
   for _, name in ipairs(holder_names()) do
     if name ~= 'h:' .. holder then
@@ -242,6 +255,7 @@ local limit, window = tonumber(ARGV[3]), tonumber(ARGV[4])
 local lifetime = LEASE_MS + TTL_MS + SLACK_MS + window
 
 if op == 'booked' then
+  load()
   local total = 0
   for name, text in pairs(state) do
     if string.sub(name, 1, 2) == 'h:' then
@@ -264,25 +278,31 @@ local function book_unsure(share)
 end
 
 if op == 'release' then
-  if state[name] then
-    local h = decode_holder(state[name])
+  local text = redis.call('HGET', key, name)
+  local h = text and decode_holder(text)
+  local unsure = tonumber(ARGV[6] or '0')
+  if (h and h.share > 0) or unsure > 0 then load() end
+  if h then
     drop(name)
     if h.share > 0 then retire(gone(h, now + TTL_MS, window), window) end
   end
-  book_unsure(tonumber(ARGV[6] or '0'))
+  book_unsure(unsure)
   redis.call('PEXPIRE', key, fmt(lifetime))
   return 0
 end
 
 if op == 'detach' then
-  if state[name] then
-    local h = decode_holder(state[name])
+  local text = redis.call('HGET', key, name)
+  local unsure = tonumber(ARGV[7] or '0')
+  if unsure > 0 then load() end
+  if text then
+    local h = decode_holder(text)
     if h.owner == ARGV[6] then
       h.owner = ''
       put(name, encode_holder(h))
     end
   end
-  book_unsure(tonumber(ARGV[7] or '0'))
+  book_unsure(unsure)
   redis.call('PEXPIRE', key, fmt(lifetime))
   return 0
 end
@@ -291,6 +311,7 @@ local allowed = math.min(tonumber(ARGV[6]), MAX_COUNT)
 local denied = math.min(tonumber(ARGV[7]), MAX_COUNT)
 local elapsed = tonumber(ARGV[8])
 local owner = ARGV[9] or ''
+load()
 tidy(holder, now, window)
 local h
 if state[name] then h = decode_holder(state[name]) end

@@ -176,9 +176,14 @@ class Retired:
                 total += allowed * 1000
         return min(self.share * 1000, total)
 
-    def expires(self, window_ms: int) -> int:
-        last = self.reports[-1][0] if self.reports else 0
-        return max(self.ended + SLACK_MS, last) + window_ms
+
+def _expires_of(text: str, window_ms: int) -> int:
+    """When the retired booking ``text`` can no longer count: a window after the later of its end (and SLACK_MS)
+    and its last report. Read from those alone: a ledger's retired bookings are many, each looked at whenever one
+    is added."""
+    head, _, reports = text.partition("|")
+    last = int(reports.rpartition(",")[2].partition(":")[0]) if reports else 0
+    return max(int(head.split(" ")[2]) + SLACK_MS, last) + window_ms
 
 
 def _encode_reports(reports: list[tuple[int, int]]) -> str:
@@ -223,9 +228,8 @@ def _retire(state: dict[str, str], entry: Retired, window_ms: int) -> None:
     names = sorted((name for name in state if name.startswith("r:")), key=lambda name: int(name[2:]))
     if len(names) <= MAX_RETIRED:
         return
-    entries = {name: Retired.decode(state[name]) for name in names}
-    first, second = sorted(names, key=lambda name: (entries[name].expires(window_ms), int(name[2:])))[:2]
-    a, b = entries[first], entries[second]
+    first, second = sorted(names, key=lambda name: (_expires_of(state[name], window_ms), int(name[2:])))[:2]
+    a, b = Retired.decode(state[first]), Retired.decode(state[second])
     merged = sorted(a.reports + b.reports)
     while len(merged) > MAX_REPORTS:
         (_, c1), (at, c2) = merged[0], merged[1]
@@ -259,7 +263,7 @@ def _tidy(state: dict[str, str], holder: str, now: int, window_ms: int) -> None:
     """Drop retired bookings that can no longer count; retire holders not heard from for LEASE_MS (their Envoy
     may enforce their bucket until its TTL)."""
     for name in sorted((n for n in state if n.startswith("r:")), key=lambda n: int(n[2:])):
-        if now >= Retired.decode(state[name]).expires(window_ms):
+        if now >= _expires_of(state[name], window_ms):
             del state[name]
     for name in sorted(n for n in state if n.startswith("h:")):
         if name == "h:" + holder:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,6 +28,22 @@ class Quota:
     window_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class Departure:
+    """A holder whose stream ended: released, or, with ``owner`` (that stream), detached for its Envoy's next
+    stream; ``unsure`` as for release and detach."""
+
+    quota: Quota
+    holder: str
+    unsure: int = 0
+    owner: str = ""
+
+
+# how many holders go back in one Redis round trip (one pipeline): a stream's hundreds of buckets in a few, each
+# short enough not to hold other streams' reports back for long
+GIVE_BACK_BATCH = 128
+
+
 class QuotaStorage(Protocol):
     async def report(self, quota: Quota, holder: str, allowed: int, denied: int, elapsed_ms: int, owner: str,
                      now_ms: int | None = None) -> Assignment:
@@ -42,6 +58,11 @@ class QuotaStorage(Protocol):
 
     async def detach(self, quota: Quota, holder: str, owner: str, unsure: int = 0) -> None:
         """``owner``'s stream of ``holder`` ended; another may take it up (slidegate.quotas.ledger.detach)."""
+        ...
+
+    async def give_back(self, departures: Sequence[Departure]) -> list[Exception]:
+        """Release or detach every holder of ``departures``, as a call each would (in few round trips); the
+        storage failures, one per holder it may not have taken back (none: every one went)."""
         ...
 
     async def booked(self, quota: Quota, now_ms: int | None = None) -> int:
@@ -97,6 +118,14 @@ class MemoryQuotas:
         state = self._state(quota, now)
         ledger.detach(state, quota.window_ms, holder, owner, now, unsure)
         self._keep(quota, state, now)
+
+    async def give_back(self, departures: Sequence[Departure]) -> list[Exception]:
+        for d in departures:
+            if d.owner:
+                await self.detach(d.quota, d.holder, d.owner, d.unsure)
+            else:
+                await self.release(d.quota, d.holder, d.unsure)
+        return []
 
     async def booked(self, quota: Quota, now_ms: int | None = None) -> int:
         now = self._clock() if now_ms is None else now_ms
@@ -157,6 +186,43 @@ class RedisQuotas:
 
     async def detach(self, quota: Quota, holder: str, owner: str, unsure: int = 0) -> None:
         await self._call(quota, "detach", "", quota.limit, quota.window_ms, holder, owner, unsure)
+
+    async def give_back(self, departures: Sequence[Departure]) -> list[Exception]:
+        # a script call per holder (each ledger its own key, in its own slot on a cluster), pipelined: awaited one
+        # by one, each costs a round trip and most of its time in redis-py and the event loop, which thousands of
+        # holders of streams ending at once wait for in turn
+        failed: list[Exception] = []
+        for start in range(0, len(departures), GIVE_BACK_BATCH):
+            batch = departures[start:start + GIVE_BACK_BATCH]
+            try:
+                async with self._permits, asyncio.timeout(self._timeout):
+                    replies = await self._give_back(batch)
+            except Exception as exc:  # the whole batch: any of it may or may not have been taken back
+                failed += [exc] * len(batch)
+                continue
+            failed += [reply for reply in replies if isinstance(reply, Exception)]
+        return failed
+
+    async def _give_back(self, batch: Sequence[Departure]) -> list[Any]:
+        if not self._sha:
+            self._sha = await self._client.script_load(self._script)
+        replies = await self._pipeline(batch)
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:  # Redis restarted or flushed its scripts (on one node of a cluster, maybe): load it again
+            self._sha = await self._client.script_load(self._script)
+            for i, reply in zip(missing, await self._pipeline([batch[i] for i in missing]), strict=True):
+                replies[i] = reply
+        return replies
+
+    async def _pipeline(self, batch: Sequence[Departure]) -> list[Any]:
+        pipe: Any = self._client.pipeline(transaction=False)
+        for d in batch:
+            q = d.quota
+            if d.owner:
+                pipe.evalsha(self._sha, 1, q.key, "detach", "", q.limit, q.window_ms, d.holder, d.owner, d.unsure)
+            else:
+                pipe.evalsha(self._sha, 1, q.key, "release", "", q.limit, q.window_ms, d.holder, d.unsure)
+        return list(await pipe.execute(raise_on_error=False))
 
     async def booked(self, quota: Quota, now_ms: int | None = None) -> int:
         return int(await self._call(quota, "booked", "" if now_ms is None else now_ms, quota.limit,
