@@ -24,8 +24,52 @@ from slidegate.backends.base import Backend, BackendUnavailable, Check, Decision
 from slidegate.resources import lua_script
 from slidegate.server import start_server
 from slidegate.settings import Settings
+from tests import redis_servers
 from tests.redis_servers import INSTALL_HINT, RedisServer
 from tests.served import Served, Starter
+
+TIERS = ("unit", "redis", "topology", "envoy")
+# what puts a test in a tier when it is not marked with one: a module of its (Envoy started by the test itself or
+# by the demo) or a fixture it asks for, the later tiers first; a test needing none of them is a unit test
+ENVOY_MODULES = {"test_envoy", "test_rlqs_envoy", "test_demo"}
+TOPOLOGY_MODULES = {"test_topologies", "test_failover", "test_cluster_all_or_nothing", "test_fault_suite"}
+TOPOLOGY_FIXTURES = {"private_redis", "cluster", "sentinel", "serve"}
+REDIS_FIXTURES = {"redis_url"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        marked = [tier for tier in TIERS if item.get_closest_marker(tier)]
+        if len(marked) > 1:
+            raise pytest.UsageError(f"{item.nodeid} is marked with tiers {', '.join(marked)}: one at most")
+        if not marked:
+            item.add_marker(_tier_of(item))
+
+
+def _tier_of(item: pytest.Item) -> str:
+    module = item.module.__name__.rpartition(".")[2] if isinstance(item, pytest.Function) else ""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if module in ENVOY_MODULES:
+        return "envoy"
+    if module in TOPOLOGY_MODULES or fixtures & TOPOLOGY_FIXTURES:
+        return "topology"
+    if fixtures & REDIS_FIXTURES:
+        return "redis"
+    return "unit"
+
+
+@pytest.fixture(autouse=True)
+def unit_tests_start_no_server(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A unit-tier test that starts a redis-server or asks for the suite's Redis fails, saying so: the tier is
+    what answers in a minute on any machine."""
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+    redis_servers.REFUSED = f"{request.node.nodeid} is a unit test: it may not start a redis-server (mark it redis)"
+    try:
+        yield
+    finally:
+        redis_servers.REFUSED = ""
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -43,6 +87,8 @@ def no_lock_files_left() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
+    if redis_servers.REFUSED:
+        raise RuntimeError(redis_servers.REFUSED)
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)

@@ -16,11 +16,17 @@ from slidegate.stack import free_port
 INSTALL_HINT = "redis-server not found: install it (Debian: apt-get install redis-server) or set REDIS_URL"
 
 
+# why no redis-server may start now (tests/conftest.py sets it while a unit-tier test runs), or ""
+REFUSED = ""
+
+
 class RedisServer:
     """A redis-server on a free loopback port, keeping nothing on disk. ``start``/``stop`` may be repeated
     (same port) to simulate an outage."""
 
     def __init__(self) -> None:
+        if REFUSED:
+            raise RuntimeError(REFUSED)
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError(INSTALL_HINT)

@@ -119,6 +119,7 @@ async def test_a_batch_that_left_runs_to_the_end_and_holds_its_place() -> None:
     assert recorder.batches == [[1], [2]]
 
 
+@pytest.mark.redis  # a redis-server of its own
 async def test_a_call_cut_off_mid_reply_never_hands_its_reply_to_the_next() -> None:
     # Redis is held busy past the backend's timeout, so the script call is cut off with its reply still on
     # the way; the connection must not be reused in that state (redis-py closes it on a cut-off read, and
@@ -144,6 +145,7 @@ async def test_a_call_cut_off_mid_reply_never_hands_its_reply_to_the_next() -> N
         server.stop()
 
 
+@pytest.mark.redis  # a redis-server of its own
 async def test_a_closed_backend_keeps_no_connection_open() -> None:
     server = RedisServer().start()
     backend = RedisBackend(server.url, timeout=1)
@@ -165,6 +167,7 @@ async def test_a_closed_backend_keeps_no_connection_open() -> None:
         server.stop()
 
 
+@pytest.mark.redis  # a redis-server of its own
 async def test_connections_redis_closed_while_idle_are_not_used() -> None:
     # After a Redis restart the idle connections are dead; the first call after it must not fail on one.
     server = RedisServer().start()

@@ -54,6 +54,7 @@ async def test_redis_py_keeps_nothing_of_a_connection_taken_over(redis_url: str)
         await wire.aclose()
 
 
+@pytest.mark.redis  # a redis-server of its own
 async def test_a_connection_redis_closes_fails_its_calls_and_says_it_is_closed() -> None:
     server = RedisServer().start()
     try:
@@ -73,6 +74,7 @@ async def test_a_connection_redis_closes_fails_its_calls_and_says_it_is_closed()
         server.cleanup()
 
 
+@pytest.mark.redis  # a redis-server of its own
 async def test_auth_and_select_are_redis_pys() -> None:
     server = RedisServer()
     server.extra_args = ("--requirepass", "s3cret")
@@ -124,6 +126,7 @@ async def test_bytes_that_are_not_the_redis_protocol_fail_the_calls_waiting(redi
         await wire.aclose()
 
 
+@pytest.mark.redis  # a redis-server of its own
 async def test_a_connection_redis_closed_before_it_was_taken_over_is_refused() -> None:
     # killed right after its handshake, its end of file read by redis-py's stream: taken over, a call written
     # there was never answered nor failed (a batch cut off at REDIS_TIMEOUT, and the breaker told Redis failed)
