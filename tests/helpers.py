@@ -1,6 +1,8 @@
-"""Building RLS requests in tests."""
+"""Building RLS requests in tests, and reading a Prometheus metric's value."""
 
 from __future__ import annotations
+
+from prometheus_client.metrics import MetricWrapperBase
 
 from slidegate._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
@@ -25,3 +27,13 @@ def request(
 
 OK = rls_pb2.RateLimitResponse.OK
 OVER_LIMIT = rls_pb2.RateLimitResponse.OVER_LIMIT
+
+
+def metric_value(metric: MetricWrapperBase, **labels: str) -> float:
+    """The value of a prometheus_client Counter or Gauge (of its series with ``labels``, 0 when that series was
+    never counted), read through its public ``collect``, as a scrape reads it."""
+    for family in metric.collect():
+        for sample in family.samples:
+            if sample.name in (family.name, f"{family.name}_total") and sample.labels == labels:
+                return sample.value
+    return 0.0

@@ -21,6 +21,7 @@ from slidegate.contrib.asgi import SlidegateMiddleware
 from slidegate.contrib.common import FAILURES
 from slidegate.stack import free_port
 from tests.conftest import Clock
+from tests.helpers import metric_value
 from tests.served import Served
 from tests.test_django import CONFIG
 
@@ -107,12 +108,12 @@ def test_spoofed_forwarded_for_from_an_untrusted_peer_is_ignored(service: Served
 
 @pytest.mark.parametrize(("mode", "status"), [("open", 200), ("closed", 503)])
 def test_unreachable_service_fails_open_or_closed(mode: str, status: int) -> None:
-    before = FAILURES.labels(mode)._value.get()
+    before = metric_value(FAILURES, failure_mode=mode)
     client = TestClient(make_app(target=f"127.0.0.1:{free_port()}", timeout=0.2, failure_mode=mode))
     started = time.monotonic()
     response = client.get("/api/hello")
     assert time.monotonic() - started < 1.0
-    assert response.status_code == status and FAILURES.labels(mode)._value.get() == before + 1
+    assert response.status_code == status and metric_value(FAILURES, failure_mode=mode) == before + 1
 
 
 def test_in_process_mode_blocks_the_boundary_burst(write_config: Callable[..., Path], redis_url: str,

@@ -19,6 +19,7 @@ from django.urls import path
 from slidegate.contrib.common import FAILURES
 from slidegate.stack import free_port
 from tests.conftest import Clock
+from tests.helpers import metric_value
 from tests.served import Served
 
 CONFIG = """
@@ -115,14 +116,14 @@ def test_forwarded_for_is_only_believed_from_trusted_proxies(service: Served) ->
 
 @pytest.mark.parametrize(("mode", "status"), [("open", 200), ("closed", 503)])
 def test_unreachable_service_fails_open_or_closed_in_bounded_time(mode: str, status: int) -> None:
-    before = FAILURES.labels(mode)._value.get()
+    before = metric_value(FAILURES, failure_mode=mode)
     with override_settings(SLIDEGATE={"DOMAIN": "web", "TARGET": f"127.0.0.1:{free_port()}", "TIMEOUT": 0.2,
                                       "FAILURE_MODE": mode}):
         started = time.monotonic()
         response = Client().get("/api/hello")
         assert time.monotonic() - started < 1.0
     assert response.status_code == status
-    assert FAILURES.labels(mode)._value.get() == before + 1
+    assert metric_value(FAILURES, failure_mode=mode) == before + 1
     if mode == "closed":
         assert response.json() == {"error": "rate limiter unavailable"} and response["Retry-After"] == "1"
 

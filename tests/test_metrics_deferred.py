@@ -6,32 +6,38 @@ from __future__ import annotations
 import threading
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from slidegate.metrics import _LATENCY_BUCKETS, LimitStat, Metrics, _Latencies
+from slidegate.metrics import LimitStat, Metrics
 
 
-def _without_created(text: bytes) -> list[str]:
-    # the _created samples are the time each series was made, which differs between two registries
-    return [line for line in text.decode().splitlines() if "_created" not in line]
+def _latency_lines(registry: CollectorRegistry) -> list[str]:
+    # the storage latency's samples, without the _created ones: the time each series was made differs
+    return [line for line in generate_latest(registry).decode().splitlines()
+            if line.startswith(f"{LATENCY}_") and "_created" not in line]
+
+
+LATENCY = "ratelimit_storage_latency_seconds"
 
 
 def test_a_deferred_histogram_shows_what_a_histogram_shows() -> None:
     values = [0.0, 0.0005, 0.00051, 0.001, 0.003, 0.02, 0.25, 0.9999, 1.0, 1.5, 30.0, 0.0025]
-    direct_registry, deferred_registry = CollectorRegistry(), CollectorRegistry()
-    direct = Histogram("h_seconds", "h", buckets=_LATENCY_BUCKETS, registry=direct_registry)
-    deferred = _Latencies("h_seconds", "h", buckets=_LATENCY_BUCKETS, registry=deferred_registry)
+    metrics = Metrics()
+    # a plain Histogram of the same buckets, read from what the service's own shows
+    bounds = [float(sample.labels["le"]) for family in metrics.registry.collect() if family.name == LATENCY
+              for sample in family.samples if sample.name == f"{LATENCY}_bucket"]
+    assert len(bounds) > 5
+    direct_registry = CollectorRegistry()
+    direct = Histogram(LATENCY, "one storage decision", buckets=bounds, registry=direct_registry)
     for value in values:
         direct.observe(value)
-        deferred.observe(value)
-    deferred.flush()
-    assert _without_created(generate_latest(deferred_registry)) == _without_created(generate_latest(direct_registry))
-    # flushed again after more observations: totals, not amounts added twice
+        metrics.storage_latency.observe(value)
+    assert _latency_lines(metrics.registry) == _latency_lines(direct_registry)
+    # collected again after more observations: totals, not amounts added twice
     direct.observe(0.004)
-    deferred.observe(0.004)
-    deferred.flush()
-    deferred.flush()
-    assert _without_created(generate_latest(deferred_registry)) == _without_created(generate_latest(direct_registry))
+    metrics.storage_latency.observe(0.004)
+    metrics.render()
+    assert _latency_lines(metrics.registry) == _latency_lines(direct_registry)
 
 
 def test_counts_reach_prometheus_on_every_collection_and_only_once() -> None:
@@ -88,7 +94,9 @@ def test_under_workers_every_count_goes_to_prometheus_at_once(monkeypatch: pytes
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/nonexistent")  # only read: nothing is written here
     metrics = Metrics()
     assert type(metrics.call_latency) is Histogram
-    family = Counter("c", "c", registry=CollectorRegistry())
-    count = metrics._count(family, (), "c")
-    count.inc(4)
-    assert family._value.get() == 4
+    metrics.total_requests.inc(4)
+    # read without a collection of the whole registry, whose first collector gives the deferred counts: only the
+    # series itself, as prometheus_client's files hold it for the other processes
+    series = metrics.registry.restricted_registry(["ratelimit_service_total_requests_total"])
+    [family] = series.collect()
+    assert [s.value for s in family.samples if s.name.endswith("_total")] == [4]

@@ -23,10 +23,12 @@ from slidegate.application import Application, build
 from slidegate.config import load_directory
 from slidegate.quotas import ledger
 from slidegate.quotas.ledger import SLACK_MS, Assignment, Holder
+from slidegate.quotas.storage import MemoryQuotas
 from slidegate.resources import resource_dir
 from slidegate.server import start_server
 from slidegate.settings import Settings
 from tests.envoy_quota_model import T0, EnvoyBucket, most_in_a_window
+from tests.helpers import metric_value
 from tests.redis_servers import RedisServer
 from tests.test_quota_service import CONFIG, METHOD, Reports, Response, Stream, actions, key, quotas, user
 
@@ -90,7 +92,7 @@ def test_two_unanswered_reports_and_a_late_third_answer_are_enough_for_envoy_to_
 def _two_greedy_envoys(lost_at: float, limit: int = 100, window: int = 1000, end: float = 30.0) -> int:
     """a from 0 s, b from 4 s, each spending every token the moment it has one and reporting every 5 s; the
     answer to a's report at ``lost_at`` is booked by the ledger but never reaches a: the service then gives a's
-    holder back and names its bucket's holder afresh (slidegate.quotas.service, _Stream._book)."""
+    holder back and names its bucket's holder afresh (slidegate.quotas.service: how a stream books a report)."""
     state: dict[str, str] = {}
     envoys = {"a": ExpiringEnvoyBucket(), "b": ExpiringEnvoyBucket()}
     holders = {"a": "a", "b": "b"}
@@ -397,9 +399,26 @@ async def _serve(opener_app: Application) -> tuple[grpc.aio.Server, int]:
     return server, port
 
 
+def _holders_left(app: Application) -> list[str]:
+    """The holder fields ("h:…") left in the app's quota ledgers: the memory storage's, or the hashes under its key
+    prefix in Redis (lua/quota.lua's), read as they are stored."""
+    storage = app.quotas.storage
+    if isinstance(storage, MemoryQuotas):
+        ledgers = storage.ledgers()
+    else:
+        prefix = app.settings.cache_key_prefix
+        client = redis.Redis.from_url(app.settings.redis_url, decode_responses=True)
+        try:
+            ledgers = {k: client.hgetall(k) for k in client.scan_iter(match=f"{prefix}*:quota:*", count=1000)}
+        finally:
+            client.close()
+        assert ledgers  # the streams' quota was booked here: what is checked is there
+    return [name for fields in ledgers.values() for name in fields if name.startswith("h:")]
+
+
 async def _wait_streams(app: Application, value: float) -> None:
     for _ in range(200):
-        if app.quotas.metrics.streams._value.get() == value:
+        if metric_value(app.quotas.metrics.streams) == value:
             return
         await asyncio.sleep(0.02)
 
@@ -413,7 +432,7 @@ async def test_garbage_bytes_end_the_stream_cleanly_and_give_shares_back(quotas:
         code, _ = await _raw_call(port, [b"\xff\xff\xff\xff garbage"])
         assert code == grpc.StatusCode.INVALID_ARGUMENT
         await _wait_streams(app, 1)
-        assert app.quotas.metrics.streams._value.get() == 1  # only s remains
+        assert metric_value(app.quotas.metrics.streams) == 1  # only s remains
         # the stream before it goes on
         assert key(user("gina")) in actions(await s.report((user("gina"), 0, 0)))
     finally:
@@ -448,7 +467,7 @@ async def test_more_quota_buckets_in_one_report_than_the_redis_pool_has_connecti
     s = stream()
     answer = actions(await s.report(*((user(f"many{i}"), 1, 0) for i in range(40))))
     assert len(answer) == 40, f"{40 - len(answer)} buckets unanswered"
-    assert app.quotas.metrics.storage_errors._value.get() == 0
+    assert metric_value(app.quotas.metrics.storage_errors) == 0
 
 
 async def test_concurrent_streams_on_redis_are_all_answered(quotas: Opener) -> None:
@@ -458,7 +477,7 @@ async def test_concurrent_streams_on_redis_are_all_answered(quotas: Opener) -> N
     answers = await asyncio.gather(*(s.report((user(f"c{i}"), 1, 0)) for i, s in enumerate(streams)))
     for i, answer in enumerate(answers):
         assert key(user(f"c{i}")) in actions(answer), i
-    assert app.quotas.metrics.storage_errors._value.get() == 0
+    assert metric_value(app.quotas.metrics.storage_errors) == 0
 
 
 async def test_the_same_bucket_twice_in_one_report_is_answered_once(quotas: Opener) -> None:
@@ -503,7 +522,7 @@ async def test_ten_thousand_buckets_in_one_report(quotas: Opener) -> None:
     took = time.monotonic() - started
     assert answer is not None and len(answer.bucket_action) == 10_000
     assert took < 5, took
-    assert app.quotas.metrics.buckets._value.get() == 10_000
+    assert metric_value(app.quotas.metrics.buckets) == 10_000
 
 
 async def test_huge_counts_and_elapsed(quotas: Opener) -> None:
@@ -532,12 +551,10 @@ async def test_many_streams_opened_and_dropped_leave_nothing_behind(quotas: Open
         for s in opened:
             s.call.cancel()
     await _wait_streams(app, 0)
-    assert app.quotas.metrics.streams._value.get() == 0
-    assert app.quotas.metrics.buckets._value.get() == 0
+    assert metric_value(app.quotas.metrics.streams) == 0
+    assert metric_value(app.quotas.metrics.buckets) == 0
     # every holder was given back: no "h:" field left in any ledger
-    if hasattr(app.quotas.storage, "_ledgers"):
-        for state, _ in app.quotas.storage._ledgers.values():
-            assert not [n for n in state if n.startswith("h:")]
+    assert not _holders_left(app)
 
 
 async def test_a_stream_cancelled_while_its_report_is_in_the_storage_gives_its_share_back(quotas: Opener) -> None:
@@ -559,11 +576,9 @@ async def test_a_stream_cancelled_while_its_report_is_in_the_storage_gives_its_s
     await _wait_streams(app, 0)
     gate.set()
     storage.report = real  # type: ignore[method-assign]
-    assert app.quotas.metrics.streams._value.get() == 0
-    assert app.quotas.metrics.buckets._value.get() == 0
-    if hasattr(storage, "_ledgers"):
-        for state, _ in storage._ledgers.values():
-            assert not [n for n in state if n.startswith("h:")]
+    assert metric_value(app.quotas.metrics.streams) == 0
+    assert metric_value(app.quotas.metrics.buckets) == 0
+    assert not _holders_left(app)
 
 
 async def test_a_client_that_writes_and_never_reads_is_held_back(quotas: Opener) -> None:
@@ -638,9 +653,8 @@ async def test_redis_stopping_mid_stream(write_config: Callable[..., Path], key_
             assert list(down) == [key({"name": "other"})]
             # the blanket bucket's answer does not wait for the quota bucket's storage call: its error is counted
             # once the storage's reconnection is refused
-            errors = app.quotas.metrics.storage_errors._value
             async with asyncio.timeout(5):
-                while errors.get() < 1:
+                while metric_value(app.quotas.metrics.storage_errors) < 1:
                     await asyncio.sleep(0.01)
             server.start()
             again = actions(await asyncio.wait_for(s.report((user("mo"), 1, 0), ({"name": "other"}, 1, 0)), 10))
@@ -728,7 +742,7 @@ async def test_ten_thousand_quota_buckets_are_answered_within_slack(quotas: Open
     answer = await s.call.read()
     late = (time.monotonic() - min(first)) * 1000
     print(f"10k quota buckets: answered {late:.0f} ms after the first booking, "
-          f"{app.quotas.metrics.storage_errors._value.get():.0f} storage errors")
+          f"{metric_value(app.quotas.metrics.storage_errors):.0f} storage errors")
     assert isinstance(answer, Response)
     assert late < SLACK_MS, f"the first bucket's answer left {late:.0f} ms after the ledger booked it"
 

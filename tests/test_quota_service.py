@@ -20,6 +20,7 @@ from slidegate.config import load_directory
 from slidegate.quotas.ledger import TTL_MS
 from slidegate.server import start_server
 from slidegate.settings import Settings
+from tests.helpers import metric_value
 
 Reports = rlqs_pb2.RateLimitQuotaUsageReports
 Response = rlqs_pb2.RateLimitQuotaResponse
@@ -179,10 +180,10 @@ async def test_a_closed_stream_gives_its_share_back_after_its_ttl(
     await first.report((user("carol"), 1, 0))
     first.call.cancel()
     for _ in range(100):
-        if app.quotas.metrics.streams._value.get() == 0:
+        if metric_value(app.quotas.metrics.streams) == 0:
             break
         await asyncio.sleep(0.02)
-    assert app.quotas.metrics.streams._value.get() == 0
+    assert metric_value(app.quotas.metrics.streams) == 0
     # its Envoy may still enforce the assignment until the TTL: the share stays booked (the ledger's tests show
     # when it is free again), so a newcomer gets nothing yet
     late = actions(await stream().report((user("carol"), 1, 0)))[key(user("carol"))]
@@ -197,7 +198,7 @@ async def test_idle_buckets_are_abandoned(quotas: Callable[..., Awaitable[tuple[
     await asyncio.sleep(0.1)
     answer = actions(await s.report((user("free"), 0, 0)))
     assert answer[key(user("free"))].HasField("abandon_action")
-    assert app.quotas.metrics.buckets._value.get() == 0
+    assert metric_value(app.quotas.metrics.buckets) == 0
     # made again by a later request: a new bucket
     again = actions(await s.report((user("free"), 1, 0)))
     assert again[key(user("free"))].HasField("quota_assignment_action")
@@ -231,7 +232,7 @@ async def test_a_flood_of_buckets_is_bounded(quotas: Callable[..., Awaitable[tup
               if a.quota_assignment_action.rate_limit_strategy.WhichOneof("strategy") == "blanket_rule"
               and a.quota_assignment_action.rate_limit_strategy.blanket_rule == DENY_ALL]
     assert len(denied) == 7
-    assert app.quotas.metrics.buckets._value.get() == 3
+    assert metric_value(app.quotas.metrics.buckets) == 3
     assert caplog.text.count("more than 3 buckets") == 1
     # once idle, the untracked ones are abandoned (Envoy's memory stays bounded too); the tracked ones stay
     idle = actions(await s.report(*((user(f"u{i}"), 0, 0) for i in range(10))))

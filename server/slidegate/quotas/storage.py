@@ -138,6 +138,11 @@ class MemoryQuotas:
         """A ledger's fields (tests)."""
         return dict(self._ledgers.get(key, ({}, 0))[0])
 
+    def ledgers(self) -> dict[str, dict[str, str]]:
+        """Every ledger kept, by its quota's key, each a copy of its fields: what the Redis storage's hashes
+        would hold (a ledger past its lifetime may still be here until the next sweep)."""
+        return {key: dict(state) for key, (state, _) in self._ledgers.items()}
+
     async def close(self) -> None:
         self._ledgers.clear()
 
