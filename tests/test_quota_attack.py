@@ -409,7 +409,8 @@ def _holders_left(app: Application) -> list[str]:
         prefix = app.settings.cache_key_prefix
         client = redis.Redis.from_url(app.settings.redis_url, decode_responses=True)
         try:
-            ledgers = {k: client.hgetall(k) for k in client.scan_iter(match=f"{prefix}*:quota:*", count=1000)}
+            ledgers = {str(k): {str(n): str(v) for n, v in client.hgetall(k).items()}
+                       for k in client.scan_iter(match=f"{prefix}*:quota:*", count=1000)}
         finally:
             client.close()
         assert ledgers  # the streams' quota was booked here: what is checked is there
