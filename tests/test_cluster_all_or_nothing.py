@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from redis.crc import key_slot
 
 from slidegate.algorithms import Algorithm
@@ -23,6 +24,7 @@ from slidegate.config import load_directory
 from slidegate.failure_modes import FailureMode
 from slidegate.keys import limit_key
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions, Status
+from tests.redis_monitor import Monitor
 from tests.redis_topologies import Cluster
 
 LOG, COUNTER, BUCKET, FIXED = (Algorithm.SLIDING_WINDOW_LOG, Algorithm.SLIDING_WINDOW_COUNTER,
@@ -75,6 +77,12 @@ def admitted(statuses: list[Status]) -> bool:
     return not any(s.over for s in statuses)
 
 
+def key_of(limiter: Limiter, domain: str, key: str, value: str) -> str:
+    """The Redis key ``limiter`` counts the descriptor (key, value) of ``domain`` under (Limiter.prepare's)."""
+    [check] = limiter.prepare(domain, [Descriptor(((key, value),))]).checks
+    return check.key
+
+
 async def remaining(limiter: Limiter, key: str, value: str) -> int:
     [status] = await limiter.should_rate_limit("o", [Descriptor(((key, value),), hits_addend=0)])
     return status.remaining
@@ -82,9 +90,8 @@ async def remaining(limiter: Limiter, key: str, value: str) -> int:
 
 def spread(limiter: Limiter, algorithm: Algorithm, users: int) -> None:
     """The org's key and every user's fall in different slots: every request spans two slots."""
-    prefix = limiter._options.key_prefix
-    org = key_slot(limit_key(prefix, algorithm.value, "o", [("org", "acme")]).encode())
-    assert all(key_slot(limit_key(prefix, algorithm.value, "o", [("user", f"u{u}")]).encode()) != org
+    org = key_slot(key_of(limiter, "o", "org", "acme").encode())
+    assert all(key_slot(key_of(limiter, "o", "user", f"u{u}").encode()) != org
                for u in range(users))
 
 
@@ -210,32 +217,40 @@ async def test_hits_given_back_wait_for_the_request_to_be_admitted(start: Start)
 
 
 async def test_a_failed_compensating_call_leaves_the_request_rejected_and_its_hits_counted(
-    start: Start, cluster: Cluster, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    start: Start, cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The org is full; a user's request is admitted by the user's slot and rejected by the org's, and the call
-    # that would undo the user's hit is refused by the user's node (its scripts denied right before it).
+    # that would undo the user's hit is refused by the user's node (its scripts denied in between: the org's node
+    # is paused, so its rejection comes well after the user's admission).
     limiter, backend = start(1, 5, LOG)
-    spread(limiter, LOG, 2)
+    spread(limiter, LOG, 100)
     try:
         assert admitted(await limiter.should_rate_limit("o", both("acme", "u0")))
-        user_key = limit_key(limiter._options.key_prefix, LOG.value, "o", [("user", "u1")])
+        org_master = cluster.master_of(key_of(limiter, "o", "org", "acme"))
+        # a user whose limit another master holds (that one is not paused)
+        user_name = next(f"u{u}" for u in range(1, 100)
+                         if cluster.master_of(key_of(limiter, "o", "user", f"u{u}")) is not org_master)
+        user_key = key_of(limiter, "o", "user", user_name)
         node = cluster.client(cluster.master_of(user_key))
-        undo = backend._undo
-
-        async def refused(*args: object) -> None:
-            node.execute_command("ACL", "SETUSER", "default", "-@scripting")
+        org_node = cluster.client(org_master)
+        with caplog.at_level(logging.WARNING, logger="slidegate"):
+            org_node.execute_command("CLIENT", "PAUSE", 1000, "ALL")  # the org's slot answers a second late
+            asking = asyncio.create_task(limiter.should_rate_limit("o", both("acme", user_name)))
             try:
-                await undo(*args)  # type: ignore[arg-type]
+                # the user's slot admitted (its hit is written): from now its node refuses every script, so the
+                # undo that the org's rejection calls for fails
+                async with asyncio.timeout(0.9):
+                    while not node.exists(user_key):
+                        await asyncio.sleep(0.002)
+                node.execute_command("ACL", "SETUSER", "default", "-@scripting")
+                [org, user] = await asking
+                await asyncio.sleep(0)
             finally:
                 node.execute_command("ACL", "SETUSER", "default", "+@all")
-
-        monkeypatch.setattr(backend, "_undo", refused)
-        with caplog.at_level(logging.WARNING, logger="slidegate"):
-            [org, user] = await limiter.should_rate_limit("o", both("acme", "u1"))
-            await asyncio.sleep(0)
+                org_node.close()
         assert (org.over, user.over, org.degraded) == (True, False, None)  # rejected, not the failure mode
         assert "a compensating call failed" in caplog.text
-        assert await remaining(limiter, "user", "u1") == 4  # conservative: the hit stays counted
+        assert await remaining(limiter, "user", user_name) == 4  # conservative: the hit stays counted
     finally:
         node.close()
         await backend.close()
@@ -246,7 +261,7 @@ async def test_a_slot_that_rejects_decides_even_when_another_fails(start: Start,
     # to the failure mode (allow would have let every user of the org past their own limit)
     limiter, backend = start(100, 1, LOG, failure_mode=FailureMode.ALLOW)
     spread(limiter, LOG, 1)
-    org_key = limit_key(limiter._options.key_prefix, LOG.value, "o", [("org", "acme")])
+    org_key = key_of(limiter, "o", "org", "acme")
     node = cluster.client(cluster.master_of(org_key))
     try:
         assert admitted(await limiter.should_rate_limit("o", both("acme", "u0")))
@@ -273,11 +288,10 @@ async def test_a_caller_that_stops_waiting_does_not_stop_the_undo(start: Start, 
     # the org is full; the org's node is paused, so the caller (20 ms) gives up while the user's slot has
     # already admitted: when the org's slot rejects at last, the user's hit is taken back all the same
     limiter, backend = start(1, 5, LOG)
-    prefix = limiter._options.key_prefix
-    org_master = cluster.master_of(limit_key(prefix, LOG.value, "o", [("org", "acme")]))
+    org_master = cluster.master_of(key_of(limiter, "o", "org", "acme"))
     # a user whose limit another master holds (that one is not paused)
     user = next(f"u{u}" for u in range(1, 100)
-                if cluster.master_of(limit_key(prefix, LOG.value, "o", [("user", f"u{u}")])) is not org_master)
+                if cluster.master_of(key_of(limiter, "o", "user", f"u{u}")) is not org_master)
     node = cluster.client(org_master)
     try:
         assert admitted(await limiter.should_rate_limit("o", both("acme", "u0")))
@@ -308,13 +322,12 @@ async def test_a_cluster_down_for_a_moment_is_waited_out(start: Start, cluster: 
     # once, the user's (paused) rejected 0.2 s later, and by then the org's master says CLUSTERDOWN; given up,
     # the undo would have left the rejected request's hit counted on the org
     limiter, backend = start(10, 1, LOG)
-    prefix = limiter._options.key_prefix
-    org_key = limit_key(prefix, LOG.value, "o", [("org", "acme")])
+    org_key = key_of(limiter, "o", "org", "acme")
     org_master = cluster.master_of(org_key)
     user = next(f"u{u}" for u in range(100)
-                if cluster.master_of(limit_key(prefix, LOG.value, "o", [("user", f"u{u}")])) is not org_master)
+                if cluster.master_of(key_of(limiter, "o", "user", f"u{u}")) is not org_master)
     org_node = cluster.client(org_master)
-    user_node = cluster.client(cluster.master_of(limit_key(prefix, LOG.value, "o", [("user", user)])))
+    user_node = cluster.client(cluster.master_of(key_of(limiter, "o", "user", user)))
     gone = spare_slot(cluster, org_key)
 
     def hole() -> None:
@@ -341,8 +354,7 @@ async def test_a_slot_call_kept_back_past_the_callers_time_is_never_sent(start: 
     # CLUSTERDOWN for longer than the caller waits: its slot calls are given up (they never ran), not sent once
     # the cluster is back, which would count hits for a request answered with an error long before
     limiter, backend = start(10, 10, LOG)
-    prefix = limiter._options.key_prefix
-    org_key = limit_key(prefix, LOG.value, "o", [("org", "acme")])
+    org_key = key_of(limiter, "o", "org", "acme")
     org_node = cluster.client(cluster.master_of(org_key))
     gone = spare_slot(cluster, org_key)
     try:
@@ -364,28 +376,26 @@ async def test_a_slot_call_kept_back_past_the_callers_time_is_never_sent(start: 
 
 def test_the_single_redis_path_sends_no_receipts(redis_url: str, key_prefix: str) -> None:
     # receipts cost nothing where no request is undone: one Redis gets the plain call and the plain reply
-    async def run() -> tuple[tuple[str | int, ...], list[int]]:
+    async def run() -> None:
         backend = RedisBackend(redis_url)
         try:
-            calls: list[tuple[tuple[str | int, ...], list[int]]] = []
-            execute = backend._execute
-
-            async def spy(keys: list[str], until: float | None, *command: str | int,
-                          told_readonly: bool = False) -> list[int]:
-                # a NOSCRIPT is sent again as EVAL
-                reply: list[int] = await execute(keys, until, *command, told_readonly=told_readonly)
-                calls.append((command, reply))
-                return reply
-
-            backend._execute = spy  # type: ignore[method-assign]
             await backend.decide([Check(f"{key_prefix}a", 3, 10_000_000, 1), Check(f"{key_prefix}b", 3, 10_000_000, 1)])
-            [call] = calls
-            return call
         finally:
             await backend.close()
 
-    command, reply = asyncio.run(run())
+    with Monitor(redis_url) as seen:
+        asyncio.run(run())
+        sent = [c for c in seen.commands() if c[0].upper() in ("EVALSHA", "EVAL") and f"{key_prefix}a" in c]
+    # one call; a NOSCRIPT (a Redis that never saw the script) sends it again as EVAL
+    assert 1 <= len(sent) <= 2 and all(c[2:] == sent[0][2:] for c in sent), sent
+    command = sent[-1]
     # EVALSHA (or EVAL), the script, 2 keys, the keys, the clock, one request of n = 2 limits (not -2 and a
-    # hold lifetime); the reply has three values a limit
-    assert command[5:8] == ("", 1, 2)
+    # hold lifetime); the reply has three values a limit: the same call, made again here on keys of its own
+    assert command[5:8] == ["", "1", "2"]
+    client = redis.Redis.from_url(redis_url)
+    try:
+        again = [*command[:3], f"{key_prefix}c", f"{key_prefix}d", *command[5:]]
+        reply = client.execute_command(*again)
+    finally:
+        client.close()
     assert reply == [1, 0, 2, 10_000_000, 0, 2, 10_000_000]

@@ -85,6 +85,22 @@ def make_limiter(config: Config, topology: Topology, *, timeout: float = 2.0, do
     return limiter, backend
 
 
+def key_of(limiter: Limiter, domain: str, key: str, value: str) -> str:
+    """The Redis key ``limiter`` counts the descriptor (key, value) of ``domain`` under (Limiter.prepare's)."""
+    [check] = limiter.prepare(domain, [Descriptor(((key, value),))]).checks
+    return check.key
+
+
+
+def errorstat(node: redis.Redis, error: str) -> int:
+    """How many ``error`` replies (MOVED, ASK, …) ``node`` has sent (INFO errorstats)."""
+    return int(node.info("errorstats").get(f"errorstat_{error}", {}).get("count", 0))
+
+
+def calls(node: redis.Redis, command: str) -> int:
+    """How many times ``node`` ran ``command`` (INFO commandstats)."""
+    return int(node.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
 def admitted(statuses: list[Status]) -> bool:
     return not any(s.over and not s.shadow for s in statuses)
 
@@ -167,7 +183,7 @@ async def test_domain_hash_tag_makes_a_request_one_all_or_nothing_call(cluster: 
 
 async def test_cluster_follows_a_slot_moving_under_traffic(cluster: Cluster, config: Config) -> None:
     limiter, backend = make_limiter(config, Topology("cluster", cluster.url, auth=(None, PASSWORD)))
-    key = limit_key(limiter._options.key_prefix, "sliding_window_log", "t", [("k", "moving")])
+    key = key_of(limiter, "t", "k", "moving")
     source = cluster.master_of(key)
     target = next(n for n in cluster.masters() if n is not source)
     errors: list[BaseException] = []
@@ -201,9 +217,17 @@ async def test_cluster_follows_a_slot_moving_under_traffic(cluster: Cluster, con
         assert cluster.master_of(key) is target
         [s] = await limiter.should_rate_limit("t", [d("k", "moving", hits=0)])
         assert s.remaining == K_LIMIT - sent  # every hit counted once, before, during and after the move
-        # MOVED taught the client the new owner: later calls go straight there
-        assert isinstance(backend._client, redis.asyncio.RedisCluster)
-        assert backend._client.nodes_manager.get_node_from_slot(slot(key)).port == target.port
+        # MOVED taught the client the new owner: later calls go straight there (the old owner answers no more
+        # MOVED, the new one runs each script call)
+        old, new = cluster.client(source), cluster.client(target)
+        try:
+            moved, ran = errorstat(old, "MOVED"), calls(new, "evalsha")
+            for _ in range(10):
+                await limiter.should_rate_limit("t", [d("k", "moving", hits=0)])
+            assert errorstat(old, "MOVED") == moved and calls(new, "evalsha") == ran + 10
+        finally:
+            old.close()
+            new.close()
     finally:
         await backend.close()
 
@@ -212,7 +236,7 @@ async def test_a_domain_slot_moving_with_many_keys_fails_no_call(cluster: Cluste
     # REDIS_HASH_TAG=domain: every key of the domain in one slot, and a migration keeps a call's keys split for as
     # long as it takes to move them all (TRYAGAIN), far longer than sixteen quick tries
     limiter, backend = make_limiter(config, Topology("cluster", cluster.url, auth=(None, PASSWORD)), domain_slot=True)
-    key = limit_key(limiter._options.key_prefix, "sliding_window_log", "t", [("k", "moving")], domain_slot=True)
+    key = key_of(limiter, "t", "k", "moving")
     for u in range(300):
         await limiter.should_rate_limit("t", [d("k", f"u{u}")])
     source = cluster.master_of(key)
@@ -292,7 +316,7 @@ async def test_cluster_master_killed_replica_promoted_under_traffic(config: Conf
         workers = [asyncio.create_task(traffic.worker()) for _ in range(4)]
         try:
             await run_until(traffic, lambda: len(traffic.answers) > 100, 10)
-            key = limit_key(limiter._options.key_prefix, "sliding_window_log", "t", [("k", "hot")])
+            key = key_of(limiter, "t", "k", "hot")
             victim = c.master_of(key)
             killed_at = time.monotonic()
             victim.stop()
