@@ -142,9 +142,9 @@ async def test_long_keys_are_bounded_by_their_size(
         for i in range(40):  # 40 limits over their limit: each charged about 520 bytes
             for _ in range(2):
                 await limiter.should_rate_limit("c", [Descriptor((("k", f"{i:02}" + value[2:]),))])
-            assert 0 < backend._bytes <= 6_000
-            assert backend._bytes == sum(entry_bytes(key) for key in backend._blocked)
-        remembered = len(backend._blocked)
+            assert 0 < backend.bytes_charged <= 6_000
+            assert backend.bytes_charged == sum(entry_bytes(key) for key in backend.remembered())
+        remembered = len(backend.remembered())
         assert 0 < remembered < 12
         [over] = await limiter.should_rate_limit("c", [Descriptor((("k", "39" + value[2:]),))])
         assert over.over  # the newest is still answered
@@ -171,8 +171,8 @@ async def test_the_bytes_charged_cover_the_memory_taken(redis_url: str, key_pref
                 [tracemalloc.Filter(True, blocked.__file__)]).statistics("filename"))
         finally:
             tracemalloc.stop()
-        assert len(backend._blocked) == len(checks)
-        charged = backend._bytes - sum(sys.getsizeof(c.key) for c in checks)  # the keys are the request's own
+        assert len(backend.remembered()) == len(checks)
+        charged = backend.bytes_charged - sum(sys.getsizeof(c.key) for c in checks)  # the keys are the request's own
         assert charged == len(checks) * ENTRY_BYTES
         assert charged / 2 <= taken <= charged, (taken, charged)
         assert (await backend.decide(checks, NOW)).cached
@@ -188,8 +188,8 @@ async def test_a_size_of_zero_means_no_cache() -> None:
     default = make_backend(Settings.load({}))
     try:
         assert isinstance(plain, RedisBackend)
-        assert isinstance(cached, OverLimitCache) and cached._max_bytes == 1_000_000
-        assert isinstance(default, OverLimitCache) and default._max_bytes == 32 * 1024 * 1024
+        assert isinstance(cached, OverLimitCache) and cached.max_bytes == 1_000_000
+        assert isinstance(default, OverLimitCache) and default.max_bytes == 32 * 1024 * 1024
     finally:
         for backend in (plain, cached, default):
             await backend.close()
@@ -222,11 +222,11 @@ async def test_hits_of_a_call_that_failed_forget_the_limit(
     try:
         assert not (await limiter.should_rate_limit("c", [d("k", hits=2)]))[0].over
         assert (await limiter.should_rate_limit("c", [d("k")]))[0].over
-        assert backend._blocked
+        assert backend.remembered()
         private_redis.stop()
         with pytest.raises(BackendUnavailable):
             await limiter.should_rate_limit("c", [Descriptor((("k", "v"),), hits_addend=1, negative=True)])
-        assert not backend._blocked
+        assert not backend.remembered()
     finally:
         await backend.close()
 
@@ -244,7 +244,7 @@ async def test_a_fixed_window_counting_denied_hits_is_never_answered_here(
     try:
         for _ in range(3):
             await limiter.should_rate_limit("c", [d("k")])
-        assert bool(backend._blocked) is remembered
+        assert bool(backend.remembered()) is remembered
     finally:
         await backend.close()
 
@@ -257,6 +257,6 @@ async def test_hits_beyond_a_buckets_burst_are_not_remembered(redis_url: str, ke
         for at in (0, 1):
             decision = await backend.decide([check], 1_700_000_000_000_000 + at)
             assert (decision.admitted, decision.outcomes[0].reset_us) == (False, 2_500_000)
-        assert not backend._blocked
+        assert not backend.remembered()
     finally:
         await backend.close()

@@ -65,6 +65,20 @@ class OverLimitCache:
     def describe(self) -> str:
         return self._backend.describe()
 
+    @property
+    def max_bytes(self) -> int:
+        """The bytes the remembered limits may be charged at most (LOCAL_CACHE_SIZE_IN_BYTES)."""
+        return self._max_bytes
+
+    @property
+    def bytes_charged(self) -> int:
+        """The bytes charged now for the limits remembered (``entry_bytes`` of each one's key)."""
+        return self._bytes
+
+    def remembered(self) -> list[str]:
+        """The storage keys of the limits remembered as over (an expired one until it is forgotten)."""
+        return list(self._blocked)
+
     @staticmethod
     def _now(now_us: int | None) -> int:
         # the storage's reset is a duration: measured from our own monotonic clock unless a test sets the time
