@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from slidegate.algorithms import Algorithm, Store
+from slidegate.algorithms import Algorithm
 from slidegate.application import Application, build
 from slidegate.backends.base import BackendUnavailable, Check, admits
-from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.memory import MemoryBackend
 from slidegate.backends.persecond import PerSecondBackend
 from slidegate.failure_modes import FailureMode
@@ -93,13 +92,6 @@ async def remaining(app: Application, key: str, value: str) -> int:
 def keys(server: RedisServer) -> list[str]:
     with redis.Redis(port=server.port) as client:
         return sorted(k.decode() for k in client.scan_iter())
-
-
-def backends(app: Application) -> PerSecondBackend:
-    assert isinstance(app.backend, OverLimitCache)
-    split = app.backend._backend
-    assert isinstance(split, PerSecondBackend)
-    return split
 
 
 async def test_limits_of_one_second_are_kept_in_the_per_second_redis(
@@ -203,9 +195,10 @@ async def test_a_redis_that_is_down_gives_the_failure_mode_to_the_requests_that_
     for _ in range(5):
         await app.limiter.should_rate_limit("p", [Descriptor((("client", "c3"),))])
         await asyncio.sleep(0.15)
-    split = backends(app)
-    assert split._per_second._breaker is not None and split._per_second._breaker.is_open
-    assert split._main._breaker is not None and not split._main._breaker.is_open
+    # the per-second one is open: a call of its own fails at once, saying so ...
+    with pytest.raises(BackendUnavailable, match=re.escape(f"redis at {second_redis.url}: failing")):
+        await app.backend.decide([Check("p:probe", 10, 1_000_000, 1)])
+    # ... while the main one answers (its breaker open, this would fail at once too)
     [org] = await app.limiter.should_rate_limit("p", [Descriptor((("org", "other"),))])
     assert (org.over, org.degraded) == (False, None)
     # with its breaker open the per-second Redis fails at once, unasked, and the live one's rejection still decides
@@ -370,10 +363,10 @@ async def test_random_requests_spanning_both_redis_decide_as_one_memory_would(st
     """Requests of plain, shadow and quota limits in both Redis, with hits and give-backs, at random: each is
     admitted or not, and each limit over or not, as the memory backend (one place, the Lua's twin) decides the same
     sequence, and its answer obeys the admission rule the service answers by (backends.base.admits)."""
-    app = await start(3, 4)
-    split = backends(app)
-    model = MemoryBackend()
-    model._store = Store(expiry_clock=lambda: 0)  # as the injected clock, expiry stands still
+    app = await start(3, 4, local_cache_size_in_bytes="0")  # the two Redis themselves, no cache in front
+    split = app.backend
+    assert isinstance(split, PerSecondBackend)
+    model = MemoryBackend(expiry_clock=lambda: 0)  # as the injected clock, expiry stands still
     rng = random.Random(7)
     now = 1_700_000_000_000_000
     for step in range(300):

@@ -17,10 +17,13 @@ from slidegate.backends.base import Check, Decision, Outcome, admits
 
 class MemoryBackend:
     """Every algorithm in this process. ``clock`` (microseconds since the epoch) is the default time source;
-    ``decide(now_us=...)`` overrides it per call (tests)."""
+    ``decide(now_us=...)`` overrides it per call (tests). ``expiry_clock`` (monotonic microseconds) is the one
+    keys expire on, real time as Redis's PEXPIRE by default; a test whose decisions' clock stands still while
+    real time passes gives one that stands still too."""
 
-    def __init__(self, clock: Callable[[], int] = lambda: time.time_ns() // 1000) -> None:
-        self._store = Store()
+    def __init__(self, clock: Callable[[], int] = lambda: time.time_ns() // 1000,
+                 expiry_clock: Callable[[], int] | None = None) -> None:
+        self._store = Store() if expiry_clock is None else Store(expiry_clock=expiry_clock)
         self._clock = clock
 
     def describe(self) -> str:
