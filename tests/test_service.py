@@ -31,7 +31,7 @@ from slidegate.limiter import Descriptor, InvalidOverride, Limiter, LimiterOptio
 from slidegate.logs import Repeated
 from slidegate.request import InvalidRequest
 from slidegate.server import start_server
-from slidegate.service import METHOD, UNDECIDED, RateLimitService, refusal
+from slidegate.service import METHOD, UNDECIDED, Prepared, RateLimitService, refusal
 from slidegate.stack import free_port
 from tests.conftest import Clock
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
@@ -293,7 +293,7 @@ async def test_an_old_config_is_not_kept_alive_by_remembered_requests(
                 configs.append(load_directory(write_config(CONFIG)))
             await stub.ShouldRateLimit(request("api", descriptor(("client", "new"))))
             # every request remembered now was matched against the config in force, and only those
-            assert {id(p.plan.config) for p in service._prepared.values()} == {id(configs[-1])}
+            assert {id(p.plan.config) for p in service.remembered().values()} == {id(configs[-1])}
     finally:
         await backend.close()
 
@@ -309,20 +309,23 @@ async def test_remembered_requests_are_bounded(write_config: Callable[..., Path]
             for i in range(12):
                 reply = await stub.ShouldRateLimit(request("api", descriptor(("client", f"c{i}"))))
                 assert reply.statuses[0].limit_remaining == 1
-            remembered = service._prepared
+            remembered = service.remembered()
             assert 0 < len(remembered) <= 5
             assert all(prepared.skeleton for prepared in remembered.values())  # their responses' (build_response)
             big = request("api", descriptor(("client", "x" * service_module.PREPARED_MAX_BYTES)))
+            answered: list[Prepared] = []
+            service.on_answer = lambda prepared, _: answered.append(prepared)
             for remaining in (1, 0):
                 assert (await stub.ShouldRateLimit(big)).statuses[0].limit_remaining == remaining
-            assert big.SerializeToString() not in remembered
-            assert service._prepare_bytes(big.SerializeToString()).skeleton is None  # made only to be kept
+            service.on_answer = None
+            assert big.SerializeToString() not in service.remembered()
+            assert [prepared.skeleton for prepared in answered] == [None, None]  # made only to be kept
             # small in bytes, many in entries (empty entries cost two bytes each, hundreds in memory)
             many = request("api", descriptor(("client", "m")), *[descriptor(*[("", "")] * 8)] * 4)
             assert len(many.SerializeToString()) < service_module.PREPARED_MAX_BYTES
             for remaining in (1, 0):
                 assert (await stub.ShouldRateLimit(many)).statuses[0].limit_remaining == remaining
-            assert many.SerializeToString() not in remembered
+            assert many.SerializeToString() not in service.remembered()
     finally:
         await backend.close()
 
@@ -359,14 +362,14 @@ async def test_remembered_requests_are_left_out_of_garbage_collections(
             walked = len(gc.get_objects())
             for i in range(1400):
                 await stub.ShouldRateLimit(request("api", descriptor(("client", f"c{i}")), descriptor(("week", "w"))))
-            assert len(service._prepared) == 1400
+            assert len(service.remembered()) == 1400
             # what a collection walks grew by the requests since the last freeze, not by all 1,400
             assert len(gc.get_objects()) - walked < 100 * 60
             frozen = gc.get_freeze_count()
             assert frozen > 1400 * 20
             for i in range(200):  # the service forgets them all at once: nothing frozen stays for them
                 await stub.ShouldRateLimit(request("api", descriptor(("client", f"d{i}"))))
-            assert len(service._prepared) == 100
+            assert len(service.remembered()) == 100
             # a remembered request holds about 16 tracked objects (its limit's counters are shared with others')
             assert gc.get_freeze_count() < frozen - 1300 * 12
     finally:

@@ -269,6 +269,10 @@ class RateLimitService:
         elif isinstance(exc, (InvalidRequest, InvalidOverride, NoConfigLoaded)):
             self.metrics.service_errors.inc()
 
+    def remembered(self) -> dict[bytes, Prepared]:
+        """The requests remembered now, by their bytes (a copy; see the class docstring)."""
+        return dict(self._prepared)
+
     def parse(self, request: Request) -> tuple[str, list[Descriptor]]:
         """``parse_request`` under this service's RequestPolicy (for the HTTP API: gRPC calls come as bytes)."""
         return parse_request(request, self._policy)
