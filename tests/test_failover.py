@@ -161,38 +161,29 @@ async def test_no_admitted_hit_goes_to_the_old_master_after_the_switch_is_announ
     assert admitted_after > 50  # the traffic ran, and the new master was used
     assert hits(new, key, switch_us) >= admitted_after  # each of them is on the new master
     assert {kind for _, kind in answers} <= {"ok", "error"}
-    assert backend._master is not None and backend._master.address == ("127.0.0.1", new)
+    assert backend.sentinel is not None and backend.sentinel.address == ("127.0.0.1", new)
     await backend.close()
 
 
 async def test_a_sentinel_naming_an_older_master_does_not_move_the_backend_back(
-        config: Config, group: SentinelGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+        config: Config, group: SentinelGroup) -> None:
     # a Sentinel back from a restart or a partition names the master it last knew for a while: subscribing to
     # it again after a failover must not send new calls to the old master (still taking writes, soon lost)
     limiter, backend, _ = sentinel_limiter(config, group)
     old, new = ("127.0.0.1", group.master.port), ("127.0.0.1", group.replica.port)
     await limiter.should_rate_limit("t", [Descriptor((("k", "x"),))])
-    master = backend._master
+    master = backend.sentinel
     assert master is not None and master.address == old
     async with switch_announcements(group) as announced:
         await asyncio.to_thread(group.failover)
         await asyncio.to_thread(wait_for, lambda: bool(announced), 10, "+switch-master")
     await asyncio.sleep(0.2)  # slidegate asks the announcing Sentinel for the failover's epoch
     assert master.address == new
-    sentinel = master._manager.sentinels[0]
-
-    async def stale(_: object) -> tuple[tuple[str, int], int]:
-        return old, 0  # the master before the failover, at the epoch before it
-
-    monkeypatch.setattr(master, "_named_by", stale)
-    await master._catch_up(sentinel, "stale")
+    # a Sentinel naming the master before the failover, at the epoch before it: not followed back
+    master.named(old, 0, "a stale sentinel")
     assert master.address == new
-
-    async def newer(_: object) -> tuple[tuple[str, int], int]:
-        return old, 99  # a later failover made the old node master again: followed
-
-    monkeypatch.setattr(master, "_named_by", newer)
-    await master._catch_up(sentinel, "newer")
+    # a later failover made the old node master again: followed
+    master.named(old, 99, "a sentinel of a newer failover")
     assert master.address == old
     await backend.close()
 
@@ -205,9 +196,9 @@ async def test_a_master_that_became_a_replica_unannounced_makes_the_backend_ask_
     try:
         [s] = await limiter.should_rate_limit("t", [Descriptor((("k", "x"),))])
         assert not s.over
-        assert backend._master is not None
+        assert backend.sentinel is not None
         # the announcement is not heard (a subscription that was down at the time): what else tells it
-        await backend._master.stop_following()
+        await backend.sentinel.stop_following()
         async with switch_announcements(group) as announced:
             await asyncio.to_thread(group.failover)
             deadline = time.monotonic() + 10
@@ -218,10 +209,10 @@ async def test_a_master_that_became_a_replica_unannounced_makes_the_backend_ask_
             r.replicaof("127.0.0.1", new)  # as Sentinel does ~10 s later
         if told_by == "ROLE":
             await backend.ping()  # the health ping, every second in the server
-            assert backend._master.address == ("127.0.0.1", new)
+            assert backend.sentinel.address == ("127.0.0.1", new)
         [s] = await limiter.should_rate_limit("t", [Descriptor((("k", "x"),))])
         assert not s.over  # the call was sent again to the new master: READONLY means nothing was written
-        assert backend._master.address == ("127.0.0.1", new)
+        assert backend.sentinel.address == ("127.0.0.1", new)
         [s] = await limiter.should_rate_limit("t", [Descriptor((("k", "x"), ), hits_addend=0)])
         assert s.remaining == LIMIT - 2  # the first call (replicated) and the second, once
         assert hits(new, key) == 2
@@ -236,9 +227,10 @@ async def test_a_call_told_readonly_goes_once_more_not_twice(config: Config, gro
     old = group.master.port
     try:
         [s] = await limiter.should_rate_limit("t", [Descriptor((("k", "x"),))])  # a connection made and kept
-        assert not s.over and backend._idle
-        assert backend._master is not None
-        await backend._master.stop_following()
+        with redis.Redis(port=old) as r:  # kept: its last command was the script call
+            assert not s.over and any(c["cmd"] in ("evalsha", "eval") for c in r.client_list())
+        assert backend.sentinel is not None
+        await backend.sentinel.stop_following()
         with redis.Redis(port=old) as r:
             r.replicaof("127.0.0.1", group.replica.port)  # a replica the Sentinels still name, for a while
             r.config_resetstat()

@@ -199,6 +199,11 @@ class RedisBackend:
     def describe(self) -> str:
         return self._topology.describe()
 
+    @property
+    def sentinel(self) -> SentinelMaster | None:
+        """With Sentinel (REDIS_TYPE=sentinel), what follows the master its calls go to; None otherwise."""
+        return self._master
+
     async def decide(
         self, checks: Sequence[Check], now_us: int | None = None, timeout: float | None = None
     ) -> Decision:

@@ -157,8 +157,13 @@ class SentinelMaster:
         listening. Only a newer failover than the one in use moves it: a Sentinel back from a restart or a
         partition may still name the old master for a while."""
         address, epoch = await self._named_by(sentinel)
+        self.named(address, epoch, f"sentinel {where} on subscribing")
+
+    def named(self, address: Address, epoch: int, by: str) -> None:
+        """A Sentinel (``by``) names ``address`` master since failover ``epoch``: followed when no master is
+        known or the failover is newer than the one in use, never back to an older one."""
         if self.address is None or epoch > self._epoch:
-            self.switch(address, f"named by sentinel {where} on subscribing (failover epoch {epoch})")
+            self.switch(address, f"named by {by} (failover epoch {epoch})")
         if address == self.address:
             self._epoch = max(self._epoch, epoch)
 
