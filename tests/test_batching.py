@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
 import sys
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-import slidegate.backends.redis
+from slidegate.algorithms import Algorithm
 from slidegate.backends.base import BackendUnavailable, Check, Checks
 from slidegate.backends.batching import Batcher, Flight
 from slidegate.backends.deadlines import COMPACT_AT, GRANULARITY, Deadlines
@@ -22,6 +23,7 @@ from slidegate.backends.permits import Permits
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import load_directory
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions
+from slidegate.resources import lua_script
 from tests.redis_servers import RedisServer
 
 
@@ -278,7 +280,7 @@ async def test_finished_calls_do_not_pile_up_under_long_deadlines() -> None:
     deadlines.add(loop, loop.time() + 60, lambda: live.set_result("expired"), live.done)
     for _ in range(5 * COMPACT_AT):
         deadlines.add(loop, loop.time() + 60, lambda: None, finished.done)
-    assert len(deadlines._heap) <= COMPACT_AT
+    assert len(deadlines) <= COMPACT_AT
     deadlines.add(loop, loop.time() + 0.01, lambda: None, finished.done)
     deadlines.add(loop, loop.time() + 0.02, lambda: live.set_result("due"), live.done)
     assert await asyncio.wait_for(live, 1) == "due"
@@ -297,12 +299,21 @@ def test_a_backend_used_from_one_event_loop_then_another(redis_url: str, key_pre
     asyncio.run(backend.close())
 
 
-async def test_a_live_idle_connection_is_seen_as_open(redis_url: str, key_prefix: str) -> None:
+def connections_made(server: RedisServer) -> int:
+    """How many connections ``server`` has accepted so far (INFO stats), this one's own included."""
+    with redis.Redis.from_url(server.url) as admin:
+        return int(admin.info("stats")["total_connections_received"])
+
+
+async def test_a_live_idle_connection_is_seen_as_open(private_redis: RedisServer) -> None:
     # were the check wrong, every call would quietly reconnect
-    backend = RedisBackend(redis_url, timeout=1)
+    backend = RedisBackend(private_redis.url, timeout=1)
     try:
-        await backend.decide([Check(f"{key_prefix}open", 100, 60_000_000, 1)])
-        assert backend._idle and not any(c.closed for c in backend._idle)
+        await backend.decide([Check("open", 100, 60_000_000, 1)])
+        made = connections_made(private_redis)
+        for _ in range(3):
+            await backend.decide([Check("open", 100, 60_000_000, 1)])
+        assert connections_made(private_redis) == made + 1  # only the count's own
     finally:
         await backend.close()
 
@@ -380,11 +391,16 @@ async def test_the_first_ping_makes_the_first_call_quick(private_redis: RedisSer
     # the script loaded and the batches' two connections opened before the service says it is serving: the
     # first call to a cold service took 19-23 ms, past Envoy's default deadline of 20 ms
     backend = RedisBackend(private_redis.url)
+    sha = hashlib.sha1(lua_script([a.value for a in Algorithm]).encode()).hexdigest()
     with redis.Redis.from_url(private_redis.url) as admin:
-        assert admin.script_exists(backend._sha) == [False]
+        assert admin.script_exists(sha) == [False]
         await backend.ping()
-        assert admin.script_exists(backend._sha) == [True]
-    assert len(backend._idle) == 2
+        assert admin.script_exists(sha) == [True]
+    # two batches out at once, each on a connection the ping opened: none is made now
+    made = connections_made(private_redis)
+    decisions = await asyncio.gather(*(backend.decide([Check(f"warm{i}", 10, 60_000_000, 1)]) for i in range(2)))
+    assert all(d.admitted for d in decisions)
+    assert connections_made(private_redis) == made + 1  # only the count's own
     await backend.close()
 
 
@@ -480,25 +496,27 @@ async def test_permits_are_never_taken_past_their_number_nor_waiters_overtaken()
 async def test_the_common_path_sends_no_task_and_a_full_pool_still_answers_every_call(
         redis_url: str, key_prefix: str) -> None:
     backend = RedisBackend(redis_url, pool_size=1)
-    slow_way: list[int] = []
-    decide_many = backend._batcher._send
+    loop = asyncio.get_running_loop()
+    tasks: list[str] = []  # the coroutine of every task made from here on
+    factory = loop.get_task_factory()
 
-    async def counted(requests: list[Any]) -> Any:
-        slow_way.append(len(requests))
-        return await decide_many(requests)
+    def counted(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        tasks.append(coro.__qualname__)
+        return asyncio.Task(coro, loop=loop, **kwargs) if factory is None else factory(loop, coro, **kwargs)
 
-    backend._batcher._send = counted
     try:
         await backend.ping()  # connections made, script loaded
         check = Check(f"{key_prefix}common", 1000, 60_000_000, 1)
+        loop.set_task_factory(counted)
         for expected in (999, 998):
             assert (await backend.decide([check])).outcomes[0].remaining == expected
-        assert slow_way == []  # written from the caller's batch at once, answered by a callback
-        # one permit: the second batch out must wait for it, the general way
+        assert tasks == []  # written from the caller's batch at once, answered by a callback
+        # one permit: the second batch out must wait for it, the general way (a task of its own)
         decisions = await asyncio.gather(*(backend.decide([check]) for _ in range(30)))
         assert sorted(d.outcomes[0].remaining for d in decisions) == list(range(968, 998))
-        assert slow_way != []
+        assert len(tasks) > 30  # the 30 calls' own, and the batches sent the general way
     finally:
+        loop.set_task_factory(factory)
         await backend.close()
 
 
@@ -516,13 +534,17 @@ def test_a_call_in_flight_when_its_event_loop_ends_leaves_no_permit_or_round_tri
         with pytest.raises(BackendUnavailable):  # DeadlineExceeded: the caller gave up before Redis answered
             await backend.decide([check], timeout=0.02)
 
-    async def healthy() -> int:
+    async def healthy() -> tuple[int, int]:
         await asyncio.sleep(0.3)  # the pause is over
-        return (await backend.decide([check])).outcomes[0].remaining
+        first = (await backend.decide([check])).outcomes[0].remaining
+        # no answer for a while: a round trip left "at Redis" would now count as Redis silent longer than a call
+        # with a short deadline can wait, and fail it at once, unasked
+        await asyncio.sleep(0.1)
+        return first, (await backend.decide([check], timeout=0.05)).outcomes[0].remaining
 
     asyncio.run(abandoned())
-    assert asyncio.run(healthy()) in (98, 99)
-    assert backend._asked == {}
+    first, then = asyncio.run(healthy())
+    assert first in (98, 99) and then == first - 1
     asyncio.run(backend.close())
 
 
@@ -548,7 +570,7 @@ async def test_a_batch_cut_off_after_noscript_does_not_close_the_connection_anot
             first = asyncio.create_task(backend.decide([Check("noscript-a", 100, 60_000_000, 1)]))
             await asyncio.sleep(0.25)
             assert resent == ["started"]
-            admin.script_load(backend._script)
+            admin.script_load(lua_script([a.value for a in Algorithm]))
             admin.execute_command("CLIENT", "PAUSE", 300, "ALL")  # the next batch is out when the first is cut off
             second = await backend.decide([Check("noscript-b", 100, 60_000_000, 1)])
             assert second.admitted and second.outcomes[0].remaining == 99
@@ -557,7 +579,9 @@ async def test_a_batch_cut_off_after_noscript_does_not_close_the_connection_anot
             await asyncio.sleep(0.7)
             assert resent == ["started"]  # cut off: not sent after its callers were told it failed
             assert admin.get("noscript-a") is None
-            assert backend._asked == {}
+            # nothing left "at Redis": a call with a short deadline, after a while without answers, is not failed
+            # at once as if Redis had been silent all that time
+            assert (await backend.decide([Check("noscript-c", 100, 60_000_000, 1)], timeout=0.05)).admitted
         finally:
             await backend.close()
 
@@ -603,34 +627,28 @@ async def test_a_start_that_raises_fails_its_batch_and_frees_its_place() -> None
 
 
 async def test_a_lone_request_is_packed_once_on_its_plans_checks_and_only_for_them(
-        redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    packed: list[tuple[str | int, ...]] = []
-
-    def counted(command: tuple[str | int, ...]) -> bytes:
-        if command[0] == "EVALSHA":
-            packed.append(command)
-        return pack(command)
-
-    pack = slidegate.backends.redis._pack
-    monkeypatch.setattr("slidegate.backends.redis._pack", counted)
+        redis_url: str, key_prefix: str) -> None:
     backend, another = RedisBackend(redis_url), RedisBackend(redis_url)
     try:
         await backend.ping()  # a connection idle: each call below goes alone, without a task
         await another.ping()
         mine = Checks((Check(f"{key_prefix}mine", 100, 60_000_000, 1),))
-        assert [(await backend.decide(mine)).outcomes[0].remaining for _ in range(3)] == [99, 98, 97]
-        assert len(packed) == 1 and mine.packed is not None and mine.packed[0] is backend
+        assert (await backend.decide(mine)).outcomes[0].remaining == 99
+        kept = mine.packed
+        assert kept is not None and kept[0] is backend
+        assert [(await backend.decide(mine)).outcomes[0].remaining for _ in range(2)] == [98, 97]
+        assert mine.packed is kept  # packed once: a call packed again would have been kept anew
         # another backend (say REDIS_PERSECOND's) packs its own
         assert (await another.decide(mine)).outcomes[0].remaining == 96
-        assert len(packed) == 2
-        # checks that may change under the same identity, or that no plan holds: packed every time
+        assert mine.packed is not None and mine.packed[0] is another
+        # checks that may change under the same identity, or that no plan holds (they keep nothing: only a plan's
+        # Checks has a place for it), are packed every time: a call kept for the list would count the first key
         refilled = [Check(f"{key_prefix}first", 100, 60_000_000, 1)]
         assert (await backend.decide(refilled)).outcomes[0].remaining == 99
         refilled[0] = Check(f"{key_prefix}second", 100, 60_000_000, 5)
         assert (await backend.decide(refilled)).outcomes[0].remaining == 95
         plain = (Check(f"{key_prefix}plain", 100, 60_000_000, 1),)
         assert [(await backend.decide(plain)).outcomes[0].remaining for _ in range(2)] == [99, 98]
-        assert len(packed) == 6
         with redis.Redis.from_url(redis_url) as admin:
             assert len(admin.keys(f"{key_prefix}*")) == 4
     finally:
@@ -698,7 +716,7 @@ async def test_nothing_of_a_call_outlives_it_in_the_batchers_bookkeeping() -> No
         call = batcher.send(i, 0.05)  # a caller's deadline shorter than the batch's: the caller's own
         starter.release()
         assert await call == i * 10
-    assert batcher._out == {} and batcher._callers == {} and batcher._deadlines._heap == []
+    assert batcher.kept() == 0
 
 
 async def test_a_lone_items_caller_deadline_fails_it_and_its_batch_goes_on() -> None:
@@ -716,7 +734,7 @@ async def test_a_lone_items_caller_deadline_fails_it_and_its_batch_goes_on() -> 
     await asyncio.sleep(0.01)
     starter.release()
     assert await queued == 20
-    assert batcher._out == {} and batcher._callers == {}
+    assert batcher.kept() == 0
 
 
 async def test_the_sweep_cuts_off_each_batch_at_its_own_time() -> None:
@@ -738,7 +756,7 @@ async def test_the_sweep_cuts_off_each_batch_at_its_own_time() -> None:
             await call
     assert starter.cut == [0, 1]
     assert 0.3 <= cut_off[0] - started < 0.4 and 0.45 <= cut_off[1] - started < 0.55  # each at its own bound
-    assert batcher._out == {} and batcher._callers == {}
+    assert batcher.kept() == 0
 
 
 async def test_a_cut_off_that_fails_keeps_neither_the_others_nor_the_next_sweep_from_coming() -> None:
@@ -777,7 +795,7 @@ async def test_a_start_that_raises_after_keeping_its_flight_frees_its_place_once
     with pytest.raises(RuntimeError):
         await batcher.send(1)
     kept[0].landed(ConnectionError("the connection is lost later"))  # its reply's callback still runs
-    assert batcher._in_flight == 0
+    assert batcher.in_flight == 0
 
 
 async def test_a_batch_cut_off_after_its_reply_came_closes_no_connection_given_back(
@@ -800,7 +818,12 @@ async def test_a_batch_cut_off_after_its_reply_came_closes_no_connection_given_b
         with pytest.raises(BackendUnavailable):
             await backend.decide([Check("uncut", 100, 60_000_000, 1)])  # cut off at 200 ms
         assert [type(e) for e in reported] == [RuntimeError]
-        assert backend._idle and not any(connection.closed for connection in backend._idle)
+        # the connection given back is still open: the next call uses it, and none is made
+        made = connections_made(private_redis)
+        with redis.Redis.from_url(private_redis.url) as admin:
+            admin.script_load(lua_script([a.value for a in Algorithm]))
+        assert (await backend.decide([Check("uncut", 100, 60_000_000, 1)])).admitted
+        assert connections_made(private_redis) == made + 2  # the two counts' own and the script load's only
     finally:
         loop.set_exception_handler(None)
         await backend.close()

@@ -67,6 +67,17 @@ class Batcher(Generic[Item, Result]):
         self._sweeper = Alarm(self._sweep)
         self._sweeper_loop: asyncio.AbstractEventLoop | None = None
 
+    @property
+    def in_flight(self) -> int:
+        """The batches out now (at most ``max_in_flight``)."""
+        return self._in_flight
+
+    def kept(self) -> int:
+        """The entries kept for calls now: the bounds of the batches out, the deadlines of the callers whose
+        item went alone, and the other deadlines not yet dropped (slidegate.backends.deadlines); 0 once every
+        call has landed and its deadlines have gone."""
+        return len(self._out) + len(self._callers) + len(self._deadlines)
+
     async def submit(self, item: Item, timeout: float | None = None, *, grace: bool = False,
                      settle: bool = False) -> Result:
         """``item``'s result: ``send``'s future, awaited."""

@@ -84,6 +84,10 @@ class Deadlines:
         heapq.heappush(self._heap, (when, next(self._order), callback, done))
         self._alarm.arm(loop, when)
 
+    def __len__(self) -> int:
+        """The entries kept: those not yet due, and finished ones not yet dropped (see the class docstring)."""
+        return len(self._heap)
+
     def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
         now = loop.time()
         while self._heap and self._heap[0][0] <= now:
