@@ -500,7 +500,7 @@ async def test_the_common_path_sends_no_task_and_a_full_pool_still_answers_every
     tasks: list[str] = []  # the coroutine of every task made from here on
     factory = loop.get_task_factory()
 
-    def counted(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+    def counted(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
         tasks.append(coro.__qualname__)
         return asyncio.Task(coro, loop=loop, **kwargs) if factory is None else factory(loop, coro, **kwargs)
 
