@@ -19,13 +19,15 @@ import redis
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from slidegate._proto.slidegate.wire.v1 import lenient_pb2
 from slidegate.algorithms import Algorithm
-from slidegate.application import Application, build
+from slidegate.application import Application, build, make_backend
 from slidegate.backends.base import Backend, BackendUnavailable, Check, Decision
 from slidegate.resources import lua_script
 from slidegate.server import start_server
 from slidegate.settings import Settings
 from tests import redis_servers
+from tests.backends import Backing, params, redis_urls, settings_for
 from tests.redis_servers import INSTALL_HINT, RedisServer
+from tests.redis_topologies import Cluster, SentinelGroup
 from tests.served import Served, Starter
 
 TIERS = ("unit", "redis", "topology", "envoy")
@@ -137,16 +139,72 @@ def keep_alive(redis_url: str) -> Iterator[str]:
     client.close()
 
 
-@pytest.fixture
-def key_prefix(redis_url: str) -> Iterator[str]:
-    """A prefix no other test uses; the test's keys are deleted afterwards."""
-    prefix = f"sgtest-{uuid.uuid4().hex[:12]}:"
-    yield prefix
-    client = redis.Redis.from_url(redis_url)  # keys as bytes: some tests store values that are not UTF-8
+def delete_keys(url: str, prefix: str) -> None:
+    client = redis.Redis.from_url(url)  # keys as bytes: some tests store values that are not UTF-8
     keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
     if keys:
         client.delete(*keys)
     client.close()
+
+
+@pytest.fixture
+def key_prefix(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A prefix no other test uses; the test's keys are deleted afterwards from the suite's Redis, if the test
+    asked for it (a test on the memory backend needs no server)."""
+    prefix = f"sgtest-{uuid.uuid4().hex[:12]}:"
+    yield prefix
+    if "redis_url" in request.fixturenames:
+        delete_keys(request.getfixturevalue("redis_url"), prefix)
+
+
+@pytest.fixture(scope="session")
+def persecond_redis() -> Iterator[RedisServer]:
+    """The per-second Redis of the ``persecond`` backends (tests/backends.py), the session's own."""
+    server = RedisServer().start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def shared_sentinel() -> Iterator[SentinelGroup]:
+    """The Sentinel set of the ``sentinel`` backends: the session's own, never failed over."""
+    group = SentinelGroup()
+    yield group
+    group.cleanup()
+
+
+@pytest.fixture(scope="session")
+def shared_cluster() -> Iterator[Cluster]:
+    """The Cluster of the ``cluster`` backends: three masters with a replica each, the session's own."""
+    cluster = Cluster()
+    yield cluster
+    cluster.cleanup()
+
+
+@pytest.fixture(params=params())
+def backing(request: pytest.FixtureRequest) -> Backing:
+    """Each backend the product offers in turn (tests/backends.py)."""
+    chosen: Backing = request.param
+    return chosen
+
+
+@pytest.fixture
+def backend_settings(backing: Backing, request: pytest.FixtureRequest, key_prefix: str) -> Iterator[dict[str, str]]:
+    """The settings (flag names, values as text) choosing ``backing``, under the test's ``key_prefix``; the
+    test's keys on a Redis it may share with others are deleted afterwards."""
+    flags = {**settings_for(backing, request), "cache_key_prefix": key_prefix}
+    yield flags
+    for url in redis_urls(flags):
+        delete_keys(url, key_prefix)
+
+
+@pytest.fixture
+async def backend(backend_settings: dict[str, str]) -> AsyncIterator[Backend]:
+    """The storage of each backend in turn, made as `slidegate serve` makes it; keys are the test's to prefix
+    (``key_prefix``)."""
+    made = make_backend(Settings.load({}, backend_settings))
+    yield made
+    await made.close()
 
 
 @pytest.fixture
@@ -258,16 +316,15 @@ class FailingBackend:
         return "failing storage"
 
 
-@pytest.fixture(params=["memory", "redis"])
-async def limits(request: pytest.FixtureRequest, write_config: Callable[..., Path], redis_url: str, key_prefix: str,
+@pytest.fixture
+async def limits(write_config: Callable[..., Path], backend_settings: dict[str, str],
                  clock: Clock) -> AsyncIterator[Callable[..., Awaitable[Decider]]]:
-    """``await limits(yaml_text, **settings)``: a Decider for the config, on each backend in turn (the memory
-    backend and the Redis at REDIS_URL) with the injected ``clock``; ``settings`` as in ``rls``."""
+    """``await limits(yaml_text, **settings)``: a Decider for the config, on each backend in turn (``backing``)
+    with the injected ``clock``; ``settings`` as in ``rls``."""
     built: list[Backend] = []
 
     async def start(text: str, **settings: str) -> Decider:
-        flags = {"config_dir": str(write_config(text)), "backend_type": request.param, "redis_url": redis_url,
-                 "cache_key_prefix": key_prefix, **settings}
+        flags = {"config_dir": str(write_config(text)), **backend_settings, **settings}
         app = build(Settings.load({}, flags), clock=clock)
         built.append(app.backend)
         return Decider(app)

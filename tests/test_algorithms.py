@@ -1,12 +1,13 @@
 """One behavioural suite for every (algorithm x backend) pair, with the exact codes, remaining hits and reset
-times each algorithm gives. Times are injected; the backends are a real Redis and the in-memory backend."""
+times each algorithm gives. Times are injected; the backends are every one the product offers (tests/backends.py:
+memory, one Redis, Sentinel, Cluster, the per-second Redis, with and without the over-limit cache)."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,6 @@ import redis
 
 from slidegate.algorithms import Algorithm
 from slidegate.backends.base import Backend, Check
-from slidegate.backends.memory import MemoryBackend
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import load_directory
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions
@@ -26,13 +26,6 @@ T0 = 1_700_000_000 * S  # a window boundary for windows of 10 s
 WINDOW = 10 * S
 LOG, COUNTER, BUCKET, FIXED = (Algorithm.SLIDING_WINDOW_LOG, Algorithm.SLIDING_WINDOW_COUNTER,
                                Algorithm.TOKEN_BUCKET, Algorithm.FIXED_WINDOW)
-
-
-@pytest.fixture(params=["redis", "memory"])
-async def backend(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[Backend]:
-    b: Backend = RedisBackend(redis_url) if request.param == "redis" else MemoryBackend()
-    yield b
-    await b.close()
 
 
 class Limit:

@@ -17,14 +17,13 @@ import pytest
 import redis
 
 from slidegate import stack
-from slidegate.backends.base import Backend
-from slidegate.backends.blocked import OverLimitCache
-from slidegate.backends.memory import MemoryBackend
+from slidegate.application import build
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import load_directory
 from slidegate.keys import limit_key
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions
 from slidegate.service import METHOD, RateLimitService
+from slidegate.settings import Settings
 from slidegate.text import MAX_TEXT_CHARS
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
 
@@ -41,13 +40,13 @@ descriptors:
 LENGTHS = [MAX_TEXT_CHARS + 1, 20_000, 59 * 1024, 1_000_000]
 
 
-@pytest.fixture(params=["redis", "memory"])
-async def service(request: pytest.FixtureRequest, redis_url: str, key_prefix: str,
+@pytest.fixture
+async def service(backend_settings: dict[str, str],
                   write_config: Callable[..., Path]) -> AsyncIterator[RateLimitService]:
-    backend: Backend = OverLimitCache(RedisBackend(redis_url) if request.param == "redis" else MemoryBackend())
-    config = load_directory(write_config(CONFIG))
-    yield RateLimitService(Limiter(lambda: config, backend, LimiterOptions(key_prefix=key_prefix)))
-    await backend.close()
+    """The service as `slidegate serve` builds it, on each backend in turn."""
+    app = build(Settings.load({}, {"config_dir": str(write_config(CONFIG)), **backend_settings}))
+    yield app.service
+    await app.backend.close()
 
 
 async def codes(service: RateLimitService, key: str, value: str, n: int) -> list[int]:

@@ -641,6 +641,7 @@ async def quotas_on(server: RedisServer, config_dir: Path, key_prefix: str,
         await app.quotas.close()
 
 
+@pytest.mark.topology
 async def test_redis_stopping_mid_stream(write_config: Callable[..., Path], key_prefix: str) -> None:
     """Redis goes away mid-stream: blanket buckets are still answered, quota buckets left unanswered (Envoy
     keeps its assignment until the TTL), no exception escapes, and the stream answers again once Redis is back."""
@@ -664,6 +665,7 @@ async def test_redis_stopping_mid_stream(write_config: Callable[..., Path], key_
         server.cleanup()
 
 
+@pytest.mark.topology
 async def test_redis_hanging_mid_stream_does_not_hang_the_stream(write_config: Callable[..., Path],
                                                                  key_prefix: str) -> None:
     """A Redis that stops answering (paused, or a network black hole) rather than refusing: the storage's call

@@ -100,6 +100,7 @@ async def test_a_reply_nobody_asked_for_closes_the_connection(redis_url: str) ->
         await wire.aclose()
 
 
+@pytest.mark.redis
 async def test_the_backend_reconnects_after_redis_closed_its_connections(key_prefix: str) -> None:
     server = RedisServer().start()
     backend = RedisBackend(server.url, timeout=1)

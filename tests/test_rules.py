@@ -1,4 +1,4 @@
-"""envoyproxy/ratelimit's rules, decided by the service and its limiter on each backend (memory and Redis) with
+"""envoyproxy/ratelimit's rules, decided by the service and its limiter on every backend (tests/backends.py) with
 an injected clock, no gRPC server in between: overrides, replaces, shadow and quota mode, dynamic metadata,
 unit multipliers, negative hits, wildcards and unlimited rules. Their wire form is tested in test_service.py."""
 
@@ -293,3 +293,30 @@ async def test_a_decisions_statuses_keep_each_field_in_its_place(write_config: C
     (status,) = await limiter.decide(quota_plan)
     assert status == quota_plan.statuses[0]._replace(remaining=3, reset_us=status.reset_us)
     assert (status.quota, status.shadow, status.over, status.hits) == (True, False, False, 2)
+
+
+async def test_a_second_and_a_minute_are_decided_together(limits: Limits, clock: Clock) -> None:
+    """A request naming a per-second limit (the per-second Redis's, under REDIS_PERSECOND) and a per-minute one
+    (the main Redis's) is all or nothing across both: a rejection by either counts in neither."""
+    service = await limits("""
+        domain: t
+        descriptors:
+          - key: burst
+            rate_limit: {unit: second, requests_per_unit: 2}
+          - key: steady
+            rate_limit: {unit: minute, requests_per_unit: 3}
+    """)
+    both = request("t", descriptor(("burst", "b")), descriptor(("steady", "s")))
+    replies = [await service.should_rate_limit(both) for _ in range(3)]
+    assert [r.overall_code for r in replies] == [OK, OK, OVER_LIMIT]
+    assert [s.code for s in replies[2].statuses] == [OVER_LIMIT, OK]
+    # the third request's minute hit was not counted: one is left for a later second
+    assert replies[2].statuses[1].limit_remaining == 1
+    clock.advance(1.5)
+    reply = await service.should_rate_limit(both)
+    assert (reply.overall_code, [s.limit_remaining for s in reply.statuses]) == (OK, [1, 0])
+    clock.advance(1.5)
+    reply = await service.should_rate_limit(both)
+    assert [s.code for s in reply.statuses] == [OK, OVER_LIMIT] and reply.overall_code == OVER_LIMIT
+    # and the second's hit was not counted either: all of it is left
+    assert reply.statuses[0].limit_remaining == 2
