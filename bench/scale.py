@@ -42,7 +42,7 @@ from slidegate import stack
 from slidegate.algorithms import Algorithm
 from slidegate.backends.base import Check
 from slidegate.backends.blocked import DEFAULT_MAX_BYTES
-from slidegate.backends.redis import _limit_args
+from slidegate.backends.redis import limit_args
 from slidegate.keys import limit_key
 from slidegate.resources import lua_script
 from slidegate.service import PREPARED_REQUESTS
@@ -93,7 +93,7 @@ def populate(url: str, prefix: str, paths: Iterable[str], batch: int = POPULATE_
     for path in paths:
         check = Check(redis_key(prefix, path), LIMIT, WINDOW_US, 1, Algorithm.SLIDING_WINDOW_LOG)
         keys.append(check.key)
-        args += (1, *_limit_args(check))
+        args += (1, *limit_args(check))
         written += 1
         if len(keys) == batch:
             flush_call()

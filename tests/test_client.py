@@ -10,11 +10,13 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 from click.testing import CliRunner
 
-from slidegate.cli import _split_entries, main
+from slidegate.cli import main, split_entries
 from slidegate.client import (
     AsyncRateLimitClient,
     InvalidRateLimitRequest,
@@ -36,15 +38,23 @@ descriptors:
 """
 
 
-def test_sync_client(write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
+def test_sync_client(write_config: Callable[..., Path], serve: Callable[..., Served],
+                     monkeypatch: pytest.MonkeyPatch) -> None:
     served = serve(write_config(CONFIG))
+    channels: list[grpc.Channel] = []
+    made = grpc.insecure_channel
+
+    def counted(target: str, *args: Any, **kwargs: Any) -> grpc.Channel:
+        channels.append(made(target, *args, **kwargs))
+        return channels[-1]
+
+    monkeypatch.setattr(grpc, "insecure_channel", counted)
     client = RateLimitClient(f"127.0.0.1:{served.grpc_port}", timeout=2)
     try:
         first = client.should_rate_limit("c", [[("k", "a")], {"other": "x"}])
-        channel = client._channel
         second = client.should_rate_limit("c", [[("k", "a")]])
         third = client.should_rate_limit("c", [[("k", "a")]], hits_addend=1)
-        assert client._channel is channel  # one channel for every call
+        assert len(channels) == 1  # one channel for every call
     finally:
         client.close()
     assert first.allowed and first.retry_after is None
@@ -139,9 +149,9 @@ def test_in_process_limiter_with_redis_down(write_config: Callable[..., Path], p
 
 
 def test_the_client_command_reads_commas_and_equals_in_values() -> None:
-    assert _split_entries("path=/a=b,x=y") == ["path=/a=b", "x=y"]  # '=' after the first is the value's
-    assert _split_entries(r"q=a\,b,r=c\\d") == ["q=a,b", r"r=c\d"]
-    assert _split_entries("k=") == ["k="]
+    assert split_entries("path=/a=b,x=y") == ["path=/a=b", "x=y"]  # '=' after the first is the value's
+    assert split_entries(r"q=a\,b,r=c\\d") == ["q=a,b", r"r=c\d"]
+    assert split_entries("k=") == ["k="]
 
 
 @pytest.mark.parametrize(("args", "message"), [

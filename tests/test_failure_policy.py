@@ -329,14 +329,26 @@ async def test_calls_in_flight_are_all_that_a_client_kill_fails(private_redis: R
     assert not breaker.is_open and breaker.reason == ""
 
 
+def script_calls(server: RedisServer) -> int:
+    """How many script calls ``server`` has run (INFO commandstats)."""
+    with redis.Redis.from_url(server.url) as admin:
+        return int(admin.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def ran_at(server: RedisServer, before: int) -> None:
+    """Once ``server`` has run a script call more than ``before``."""
+    while script_calls(server) == before:
+        await asyncio.sleep(0.001)
+
+
 async def test_a_pause_of_this_process_is_not_taken_for_redis_failing(private_redis: RedisServer) -> None:
     breaker = Breaker(failures=1, open_after=0.0, cooldown=5)
     backend = RedisBackend(private_redis.url, timeout=0.05, breaker=breaker)
     checks = [Check("sgbreaker:gc", 100, 60_000_000, 1)]
     await backend.decide(checks)
+    before = script_calls(private_redis)
     call = asyncio.create_task(backend.decide(checks))
-    while not backend._asked:  # the call is at Redis
-        await asyncio.sleep(0)
+    await ran_at(private_redis, before)  # the call is at Redis, its answer on its way
     time.sleep(0.2)  # on purpose: the loop stalls (a garbage collection) past REDIS_TIMEOUT
     assert (await call).admitted  # Redis answered long ago: its answer is read, not thrown away
     assert not breaker.is_open and breaker.reason == ""
@@ -354,9 +366,9 @@ async def test_a_pause_of_this_process_is_not_redis_silent(private_redis: RedisS
     backend = RedisBackend(private_redis.url, timeout=2.0)
     checks = [Check("sgbreaker:quiet", 1000, 60_000_000, 1)]
     await backend.decide(checks)
+    before = script_calls(private_redis)
     first = asyncio.create_task(backend.decide(checks))
-    while not backend._asked:  # the call is at Redis
-        await asyncio.sleep(0)
+    await ran_at(private_redis, before)  # the call is at Redis, its answer on its way
     time.sleep(stall)  # on purpose: the loop stalls
     later = await asyncio.gather(*(backend.decide(checks, timeout=WAIT) for _ in range(5)), return_exceptions=True)
     assert [getattr(d, "admitted", d) for d in later] == [True] * 5

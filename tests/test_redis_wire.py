@@ -6,7 +6,9 @@ them. Reconnection, timeouts, TLS, NOSCRIPT and READONLY through RedisBackend ar
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import hiredis
 import pytest
 import redis
 import redis.asyncio
@@ -14,9 +16,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, NoScriptError, ResponseError
 
 from slidegate.backends.base import Check
-from slidegate.backends.redis import RedisBackend, _pack
+from slidegate.backends.redis import RedisBackend
 from slidegate.backends.redis_wire import WireConnection
 from tests.redis_servers import RedisServer
+
+
+def pack(command: tuple[str | int, ...]) -> bytes:
+    """``command`` in the Redis protocol, by hiredis's packer (the backend's own)."""
+    args: Any = command  # its stubs declare a one-element tuple
+    packed: bytes = hiredis.pack_command(args)
+    return packed
 
 
 async def _wire(url: str) -> WireConnection:
@@ -29,13 +38,13 @@ async def test_replies_come_in_order_and_errors_do_not_break_the_step(redis_url:
     wire = await _wire(redis_url)
     try:
         key = f"{key_prefix}wire"
-        first = wire.call(_pack(("INCR", key)))
+        first = wire.call(pack(("INCR", key)))
         # an error reply in the middle of a pipeline: a redis-py exception in its place, the replies after it read
-        second = wire.call(_pack(("EVALSHA", "0" * 40, 0)) + _pack(("INCR", key)), 2)
+        second = wire.call(pack(("EVALSHA", "0" * 40, 0)) + pack(("INCR", key)), 2)
         assert await first == [1]
         error, after = await second
         assert isinstance(error, NoScriptError) and after == 2
-        [wrong] = await wire.call(_pack(("HGET", key, "field")))  # WRONGTYPE: a plain ResponseError
+        [wrong] = await wire.call(pack(("HGET", key, "field")))  # WRONGTYPE: a plain ResponseError
         assert isinstance(wrong, ResponseError)
     finally:
         await wire.aclose()
@@ -49,7 +58,7 @@ async def test_redis_py_keeps_nothing_of_a_connection_taken_over(redis_url: str)
     try:
         assert not connection.is_connected
         await connection.disconnect()  # must not close the socket it gave away
-        assert await wire.call(_pack(("PING",))) == [b"PONG"]
+        assert await wire.call(pack(("PING",))) == [b"PONG"]
     finally:
         await wire.aclose()
 
@@ -59,9 +68,9 @@ async def test_a_connection_redis_closes_fails_its_calls_and_says_it_is_closed()
     server = RedisServer().start()
     try:
         wire = await _wire(server.url)
-        [name] = await wire.call(_pack(("CLIENT", "ID")))
+        [name] = await wire.call(pack(("CLIENT", "ID")))
         killer = redis.Redis(port=server.port)
-        waiting = wire.call(_pack(("BLPOP", "nothing", 0)))  # held at Redis until the kill
+        waiting = wire.call(pack(("BLPOP", "nothing", 0)))  # held at Redis until the kill
         await asyncio.sleep(0.05)
         killer.client_kill_filter(_id=name)
         killer.close()
@@ -69,7 +78,7 @@ async def test_a_connection_redis_closes_fails_its_calls_and_says_it_is_closed()
             await asyncio.wait_for(waiting, 2)
         assert wire.closed
         with pytest.raises(RedisConnectionError):
-            await wire.call(_pack(("PING",)))
+            await wire.call(pack(("PING",)))
     finally:
         server.cleanup()
 
@@ -82,7 +91,7 @@ async def test_auth_and_select_are_redis_pys() -> None:
     try:
         wire = await _wire(f"redis://:s3cret@127.0.0.1:{server.port}/3")
         try:
-            assert await wire.call(_pack(("SET", "in-three", 1))) == [b"OK"]
+            assert await wire.call(pack(("SET", "in-three", 1))) == [b"OK"]
         finally:
             await wire.aclose()
         assert redis.Redis(port=server.port, password="s3cret", db=3).get("in-three") == b"1"
@@ -118,7 +127,7 @@ async def test_the_backend_reconnects_after_redis_closed_its_connections(key_pre
 async def test_bytes_that_are_not_the_redis_protocol_fail_the_calls_waiting(redis_url: str) -> None:
     wire = await _wire(redis_url)
     try:
-        waiting = wire.call(_pack(("BLPOP", "nothing-here", 1)))
+        waiting = wire.call(pack(("BLPOP", "nothing-here", 1)))
         wire.data_received(b"?what\r\n")
         with pytest.raises(InvalidResponse):
             await waiting
@@ -159,11 +168,11 @@ async def test_a_callback_that_raises_leaves_the_replies_after_it_in_step(redis_
 
     try:
         key = f"{key_prefix}callback"
-        wire.send(_pack(("INCR", key)), broken)
-        assert await wire.call(_pack(("INCR", key))) == [2]  # read in its turn, after the reply that broke
+        wire.send(pack(("INCR", key)), broken)
+        assert await wire.call(pack(("INCR", key))) == [2]  # read in its turn, after the reply that broke
         assert told == [([1], None)] and [type(e) for e in reported] == [RuntimeError]
     finally:
         loop.set_exception_handler(None)
         await wire.aclose()
-    wire.send(_pack(("PING",)), lambda replies, error: told.append((replies, error)))  # closed: told at once
+    wire.send(pack(("PING",)), lambda replies, error: told.append((replies, error)))  # closed: told at once
     assert told[1][0] is None and isinstance(told[1][1], RedisConnectionError)

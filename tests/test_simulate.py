@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from slidegate.algorithms import Algorithm
 from slidegate.cli import main
-from slidegate.simulate import Workload, _run, most_in_window, simulate
+from slidegate.simulate import Workload, most_in_window, replay, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 WINDOW = 1_000_000
@@ -66,7 +66,7 @@ def test_the_most_in_a_window_is_counted_over_every_interval() -> None:
 @given(st.lists(st.integers(0, 3 * WINDOW), max_size=60), st.integers(1, 8))
 def test_every_workload_is_kept_to_its_bound(times: list[int], limit: int) -> None:
     workload = Workload("random", tuple(sorted(times)), 3)
-    log = asyncio.run(_run(workload, Algorithm.SLIDING_WINDOW_LOG, limit, WINDOW))
-    fixed = asyncio.run(_run(workload, Algorithm.FIXED_WINDOW, limit, WINDOW))
+    log = asyncio.run(replay(workload, Algorithm.SLIDING_WINDOW_LOG, limit, WINDOW))
+    fixed = asyncio.run(replay(workload, Algorithm.FIXED_WINDOW, limit, WINDOW))
     assert log.most_in_window <= limit  # exact: no rolling window ever holds more than the limit
     assert fixed.most_in_window <= 2 * limit  # a fixed window: at most twice, across one boundary

@@ -149,7 +149,7 @@ def demo(redis_url: str, rlqs: bool) -> None:
     sys.exit(run_rlqs_demo(redis_url) if rlqs else run_demo(redis_url))
 
 
-def _split_entries(text: str) -> list[str]:
+def split_entries(text: str) -> list[str]:
     """``k=v,k2=v2`` → its entries; ``\\,`` is a comma inside a value and ``\\\\`` a backslash."""
     entries, current, chars = [], [], iter(text)
     for char in chars:
@@ -204,7 +204,7 @@ def client(target: str, domain: str, descriptors: tuple[str, ...], hits: int, ti
     for text in descriptors:
         _check_utf8(text, "--descriptor")
         entries = []
-        for pair in _split_entries(text):
+        for pair in split_entries(text):
             key, sep, value = pair.partition("=")
             if not sep or not key:
                 raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--descriptor")

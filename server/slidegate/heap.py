@@ -52,6 +52,11 @@ class Heap:
         self._loop: asyncio.AbstractEventLoop | None = None  # of the handles above
         self._frozen = 0  # objects frozen after the last full collection
 
+    @property
+    def frozen(self) -> int:
+        """How many objects the last full collection left frozen (gc.freeze): what is kept out of the next ones."""
+        return self._frozen
+
     def started(self) -> None:
         """The process has set itself up: what it made (the imported modules, about 100,000 objects) is frozen,
         or the first full collection, a few calls in, walked it all (16 ms, most of Envoy's default deadline)."""

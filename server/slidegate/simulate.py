@@ -69,7 +69,9 @@ def rolling_count(times_us: list[int], window_us: int, at_us: int) -> int:
     return bisect.bisect_right(times_us, at_us) - bisect.bisect_right(times_us, at_us - window_us)
 
 
-async def _run(workload: Workload, algorithm: Algorithm, limit: int, window_us: int) -> Outcome:
+async def replay(workload: Workload, algorithm: Algorithm, limit: int, window_us: int) -> Outcome:
+    """``workload`` through ``algorithm`` (a limit of ``limit`` hits per ``window_us``), on the memory backend at a
+    simulated clock: what it admitted, and the most admitted in any rolling window."""
     backend = MemoryBackend()
     # windows of the fixed-window algorithm start at multiples of the window: so does the simulated time
     start = 1000 * window_us
@@ -84,7 +86,7 @@ async def _run(workload: Workload, algorithm: Algorithm, limit: int, window_us: 
 def simulate(limit: int, window_us: int) -> list[Outcome]:
     """Every workload through every algorithm."""
     async def run_all() -> list[Outcome]:
-        return [await _run(w, a, limit, window_us) for w in workloads(limit, window_us) for a in Algorithm]
+        return [await replay(w, a, limit, window_us) for w in workloads(limit, window_us) for a in Algorithm]
 
     return asyncio.run(run_all())
 

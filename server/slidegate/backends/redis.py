@@ -274,7 +274,7 @@ class RedisBackend:
         keys = [c.key for c in checks]
         args: list[str | int] = [clock, 1, -len(checks), self._hold_us]
         for c in checks:
-            args += _limit_args(c)
+            args += limit_args(c)
         args += self._jitter()
         reply = await self._eval(keys, args, until)
         return _read_part(reply, 0, len(checks))[0]
@@ -343,7 +343,7 @@ class RedisBackend:
             args += (-len(checks), self._hold_us) if undoable else (len(checks),)
             for c in checks:
                 keys.append(c.key)
-                args += _limit_args(c)
+                args += limit_args(c)
         args += self._jitter()
         return keys, args
 
@@ -702,8 +702,9 @@ class RedisBackend:
         await self._client.aclose()
 
 
-def _limit_args(c: Check) -> tuple[str | int, ...]:
-    """A limit's arguments of lua/decide.lua: algorithm, its three parameters, hits, mode."""
+def limit_args(c: Check) -> tuple[str | int, ...]:
+    """A limit's arguments of lua/decide.lua: algorithm, its three parameters, hits, mode (for tools that write
+    limits with the script themselves, as bench/scale.py does)."""
     return (c.algorithm.value, *c.params(), c.clamped_hits(), 2 if c.quota else int(c.shadow))
 
 
