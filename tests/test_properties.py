@@ -21,7 +21,7 @@ import redis.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slidegate.algorithms import Algorithm, Store
+from slidegate.algorithms import Algorithm
 from slidegate.backends.base import Backend, Check, admits
 from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.memory import MemoryBackend
@@ -124,15 +124,6 @@ def test_huge_sliding_window_counters_agree_with_the_exact_model(redis_url: str,
               reset_error=DOUBLE_ERROR)
 
 
-class KeptAliveMemory(MemoryBackend):
-    """The memory backend whose keys never expire on real time (as KeptAlive's in Redis): the test's clock stands
-    still between decisions while real time passes, more so on a loaded machine."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._store = Store(expiry_clock=lambda: 0)
-
-
 class KeptAlive(RedisBackend):
     """The Redis backend calling ``function``: the decision script that keeps the keys it names alive (on every
     path a script call takes: a key that expired on real time while the test's clock stood still made a flaky
@@ -153,7 +144,9 @@ def run_trace(redis_url: str, keep_alive: str, backend_name: str, algorithm: Alg
     prefix = f"sgprop-{uuid.uuid4().hex}:"
 
     async def run() -> None:
-        backend: Backend = KeptAliveMemory() if backend_name == "memory" else KeptAlive(redis_url, keep_alive)
+        # the memory backend's keys never expire on real time either: its expiry clock stands still
+        backend: Backend = (MemoryBackend(expiry_clock=lambda: 0) if backend_name == "memory"
+                            else KeptAlive(redis_url, keep_alive))
         if backend_name.endswith("-cache"):
             backend = OverLimitCache(backend)
         model = Model()
