@@ -64,8 +64,8 @@ async def calls(redis_url: str, count: int, prefix: str, *, flat: bool = False, 
     """``count`` decisions of one remembered request (keys under ``prefix``), one at a time, after five to remember
     it, each checked (answered OK and counted in Redis; with ``over``, of a limit of one an hour: answered
     OVER_LIMIT after the first, which alone is counted, and from the over-limit cache after the second), by
-    slidegate's service or, with ``flat``, by bench.layers' flat path (an experiment: the common path in one
-    coroutine)."""
+    slidegate's service or, with ``flat``, by bench.layers' flat path (an experiment: the layers above the Redis
+    backend in one coroutine)."""
     with tempfile.TemporaryDirectory(prefix="slidegate-instructions-") as work:
         (Path(work) / "bench.yaml").write_text(CONFIG)
         # REDIS_TIMEOUT: under valgrind a call takes some fifty times as long, and 250 ms made the first one
@@ -79,8 +79,8 @@ async def calls(redis_url: str, count: int, prefix: str, *, flat: bool = False, 
     context: Any = _Context()
     answer: Callable[[bytes, Any], Awaitable[rls_pb2.RateLimitResponse]] = app.service.should_rate_limit
     if flat:
-        # imported only here: bench.layers needs slidegate's internals of today, which an older checkout measured
-        # with --against may not have
+        # imported only here: bench.layers needs slidegate's public pieces of today, which an older checkout
+        # measured with --against may not have
         from bench.layers import flat_handler
 
         answer = flat_handler(app)
@@ -140,7 +140,8 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=1000, help="calls made before, in both runs (default 1000)")
     parser.add_argument("--against", metavar="DIR", help="also count the checkout DIR's slidegate")
     parser.add_argument("--flat", action="store_true",
-                        help="also count bench.layers' flat path (an experiment: the common path in one coroutine)")
+                        help="also count bench.layers' flat path (an experiment: the layers above the Redis backend in "
+                             "one coroutine)")
     parser.add_argument("--over", action="store_true",
                         help="count a request over its limit instead, answered from the over-limit cache (an attack's "
                              "path)")

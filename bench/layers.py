@@ -9,19 +9,18 @@ prints a line per round, then the table.
     apt-get install nghttp2-client redis-server   # h2load, redis-server
     python -m bench.layers [--rounds 5] [--requests 20000] [--layers bare,...] [--against DIR]   # from the root
 
-The layers, each from ``minimal`` on adding to the one before (``flat`` and ``flatb`` are experiments beside them):
+The layers, each from ``minimal`` on adding to the one before (``flatb`` is an experiment beside them):
 
 - ``bare``: bench/noop_server.py with a Redis URL: one EVALSHA per call on a bare asyncio protocol.
-- ``minimal``: slidegate's request looked up by its bytes, its script call packed once and written on one of the
-  backend's own connections (slidegate.backends.redis_wire), the response built from the reply: the least
-  slidegate's path does, with none of its bookkeeping.
-- ``flat``: an experiment, not slidegate's path: the whole decision of a remembered request in one coroutine, every
-  rule in its leanest form (the call and its latencies counted, the over-limit cache, breaker and Redis's silence
-  looked at, a place of the batcher, a permit and an idle connection taken, the round trip tracked, the batch's
-  bound armed, the limit's counters, the response filled in on its skeleton); anything else goes the service's
-  own way. What a flat common path would cost at best.
-- ``flatb``: ``flat`` with the script call made by the Redis backend's decision (natural batching and its bounds)
-  instead of on the connection directly: what the backend's machinery costs under load.
+- ``minimal``: slidegate's request looked up by its bytes, its script call packed once and written on a connection
+  of the same kind as the backend's own (slidegate.backends.redis_wire), the response built from the reply: the
+  least slidegate's path does, with none of its bookkeeping.
+- ``flatb``: an experiment, not slidegate's path: the decision of a remembered request in one coroutine around the
+  Redis backend's decision (the call and its latencies counted, the over-limit cache looked at, an outage log told,
+  the limit's counters, the response filled in on its skeleton); anything else goes the service's own way. What the
+  layers above the backend cost, against ``backend`` and ``service``. (Its twin ``flat``, which also wrote the
+  script call itself on an idle connection of the backend's, reached into the backend's internals and was removed;
+  docs/performance.md has what it measured.)
 - ``backend``: the call decided by the Redis backend (natural batching, the batch's bound and the caller's,
   breaker, permits, the answers read), the response built from its decision as above.
 - ``limiter``: the Limiter's decision (the over-limit cache, statuses, failure modes) and slidegate's response.
@@ -37,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
 import shutil
 import signal
@@ -53,9 +53,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import hiredis
 import redis
+import redis.asyncio
 import uvloop
-from redis.exceptions import NoScriptError
 
 from bench.run import body, h2load, private_redis
 from slidegate import stack
@@ -63,15 +64,16 @@ from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate.algorithms import Algorithm
 from slidegate.application import Application, build
 from slidegate.backends.blocked import OverLimitCache
-from slidegate.backends.redis import RedisBackend
+from slidegate.backends.redis import RedisBackend, limit_args
 from slidegate.backends.redis_wire import WireConnection
 from slidegate.keys import limit_key
 from slidegate.request import Request, parse_request
-from slidegate.service import Prepared, RateLimitService, build_response
+from slidegate.resources import lua_script
+from slidegate.service import OutageLog, Prepared, RateLimitService, build_response
 from slidegate.settings import Settings
 
 HERE = Path(__file__).resolve().parent
-LAYERS = ("bare", "minimal", "flat", "flatb", "backend", "limiter", "service", "serve")
+LAYERS = ("bare", "minimal", "flatb", "backend", "limiter", "service", "serve")
 CONFIG = """
 domain: bench
 descriptors:
@@ -101,7 +103,7 @@ def response(admitted: bool, over: bool, remaining: int, reset_us: int,
 
 def redis_backend(app: Application) -> RedisBackend:
     """The Redis backend under the application's over-limit cache."""
-    backend = app.backend._backend if isinstance(app.backend, OverLimitCache) else app.backend
+    backend = app.backend.backend if isinstance(app.backend, OverLimitCache) else app.backend
     assert isinstance(backend, RedisBackend)
     return backend
 
@@ -132,14 +134,11 @@ class Taken:
         return f"{self.service / calls:.0%} of {calls:,} calls went the service's way" if calls else "no calls"
 
 
-def flat_handler(app: Application, through_backend: bool = False, taken: Taken | None = None) -> Handler:
-    """The whole decision of a remembered request of one limit in one coroutine, each rule in its leanest form (an
-    experiment: what a flat common path would cost); a call out of the common case before it is sent (the
-    over-limit cache holding anything, the breaker open or Redis silent, no free place, idle connection or permit,
-    several limits) goes slidegate's own way, the service's, with all its bookkeeping, and so does one answered
-    NOSCRIPT (nothing ran); any other error reply, a lost connection or a cut-off ends the call with an error.
-    ``through_backend``: the script call made by the Redis backend's decision (its batching and bounds) instead
-    of on an idle connection directly. ``taken`` counts the calls each way."""
+def flat_handler(app: Application, taken: Taken | None = None) -> Handler:
+    """The decision of a remembered request of one limit in one coroutine around the Redis backend's decision, each
+    rule above it in its leanest form (an experiment: what the layers above the backend cost); a call out of the
+    common case (the over-limit cache holding anything, several limits) goes slidegate's own way, the service's,
+    with all its bookkeeping. ``taken`` counts the calls each way."""
     taken = taken or Taken()
     service = app.service
     backend = redis_backend(app)
@@ -147,81 +146,29 @@ def flat_handler(app: Application, through_backend: bool = False, taken: Taken |
 
     cache = app.backend if isinstance(app.backend, OverLimitCache) else None
     metrics = service.metrics
-    batcher = backend._batcher
-    permits = backend._permits
-    asked = backend._asked
-    idle = backend._idle
-    outage = service._outage
-
-    def answered(found: Prepared, started: float, admitted: bool, over: bool, remaining: int,
-                 reset_us: int) -> rls_pb2.RateLimitResponse:
-        """The storage's answer counted, in the metrics and the limit's counters, and the response to it."""
-        metrics.storage_latency.observe(time.perf_counter() - started)
-        outage.answered()
-        answer = response(admitted, over, remaining, reset_us, found)
-        for index, counters, limit in found.counted:
-            status = found.plan.statuses[index]
-            counters.record(hits=status.hits, limit=limit, over=over, remaining=remaining, shadow=status.shadow)
-        metrics.call_latency.observe(time.perf_counter() - started)
-        metrics.response_time.record(int((time.perf_counter() - started) * 1000))
-        return answer
+    outage = OutageLog()  # as the service tells its own of every answer
 
     async def handler(data: bytes, context: Any) -> rls_pb2.RateLimitResponse:
         found = prepare(data)
         checks = found.plan.checks
-        timeout = context.time_remaining()
-        if len(checks) != 1 or (cache is not None and cache._blocked):
-            taken.service += 1
-            return await service.should_rate_limit(data, context)
-        if through_backend:
-            taken.flat += 1
-            started = time.perf_counter()
-            metrics.total_requests.inc()
-            decision = await backend.decide(checks, None, timeout)
-            outcome = decision.outcomes[0]
-            return answered(found, started, decision.admitted, outcome.over, outcome.remaining, outcome.reset_us)
-        loop = asyncio.get_running_loop()
-        # the breaker's own test last: while it is open, a call it lets through is its probe, which must reach Redis
-        if (batcher._waiting or batcher._in_flight >= batcher._max_in_flight or not idle
-                or backend._idle_loop is not loop or idle[-1].closed
-                or (backend._breaker is not None and backend._breaker.is_open)
-                or backend._refusal(timeout) is not None or not permits.take_now()):
+        if len(checks) != 1 or (cache is not None and cache.bytes_charged):
             taken.service += 1
             return await service.should_rate_limit(data, context)
         taken.flat += 1
         started = time.perf_counter()
         metrics.total_requests.inc()
-        batcher._in_flight += 1
-        connection = idle.pop()
-        asking = next(backend._asking)
-        asked[asking] = time.monotonic()
-        expired: list[bool] = []
-        try:
-            future = connection.call(backend._lone_call((checks, "", False)))
-            due = loop.time() + backend._timeout
-            batcher._arm(loop, due)
-            batcher._out[id(expired)] = (due, future, expired)
-            replies = await future
-        except BaseException:
-            connection.close()  # its reply, if it comes, must not be read as another call's
-            raise
-        finally:
-            batcher._out.pop(id(expired), None)
-            del asked[asking]
-            permits.give()
-            batcher._in_flight -= 1
-            if batcher._waiting:
-                batcher._flush(loop)
-        idle.append(connection)
-        backend._answered()
-        reply = replies[0]
-        if isinstance(reply, NoScriptError):  # Redis restarted: nothing ran, and the service's way loads the script
-            taken.flat, taken.service = taken.flat - 1, taken.service + 1
-            return await service.should_rate_limit(data, context)
-        if isinstance(reply, Exception):
-            raise reply
-        admitted, over, remaining, reset_us = reply
-        return answered(found, started, bool(admitted), bool(over), remaining, reset_us)
+        decision = await backend.decide(checks, None, context.time_remaining())
+        outcome = decision.outcomes[0]
+        metrics.storage_latency.observe(time.perf_counter() - started)
+        outage.answered()
+        answer = response(decision.admitted, outcome.over, outcome.remaining, outcome.reset_us, found)
+        for index, counters, limit in found.counted:
+            status = found.plan.statuses[index]
+            counters.record(hits=status.hits, limit=limit, over=outcome.over, remaining=outcome.remaining,
+                            shadow=status.shadow)
+        metrics.call_latency.observe(time.perf_counter() - started)
+        metrics.response_time.record(int((time.perf_counter() - started) * 1000))
+        return answer
 
     return handler
 
@@ -239,19 +186,24 @@ async def serve_layer(layer: str, port: int, config_root: str, redis_url: str, k
     handler: Handler
     taken = None
     if layer == "minimal":
-        connection = await WireConnection.take_over(await backend._pool.get_connection())  # type: ignore[union-attr]
+        pool = redis.asyncio.ConnectionPool.from_url(redis_url)
+        connection = await WireConnection.take_over(await pool.get_connection())
+        sha = hashlib.sha1(lua_script([a.value for a in Algorithm]).encode()).hexdigest()
         packed: dict[bytes, bytes] = {}
 
         async def handler(data: bytes, context: Any) -> rls_pb2.RateLimitResponse:
             found = prepare(data)
             call = packed.get(data)
             if call is None:
-                call = packed[data] = backend._lone_call((found.plan.checks, "", False))
+                [check] = found.plan.checks
+                # the backend's call for one request of one limit (lua/decide.lua): Redis's clock, one request
+                command: Any = ("EVALSHA", sha, 1, check.key, "", 1, 1, *limit_args(check))
+                call = packed[data] = hiredis.pack_command(command)
             admitted, over, remaining, reset_us = (await connection.call(call))[0]
             return response(bool(admitted), bool(over), remaining, reset_us, found)
-    elif layer in ("flat", "flatb"):
+    elif layer == "flatb":
         taken = Taken()
-        handler = flat_handler(app, through_backend=layer == "flatb", taken=taken)
+        handler = flat_handler(app, taken=taken)
     elif layer == "backend":
         async def handler(data: bytes, context: Any) -> rls_pb2.RateLimitResponse:
             found = prepare(data)

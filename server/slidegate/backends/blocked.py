@@ -66,6 +66,11 @@ class OverLimitCache:
         return self._backend.describe()
 
     @property
+    def backend(self) -> Backend:
+        """The storage it answers for."""
+        return self._backend
+
+    @property
     def max_bytes(self) -> int:
         """The bytes the remembered limits may be charged at most (LOCAL_CACHE_SIZE_IN_BYTES)."""
         return self._max_bytes
