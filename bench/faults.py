@@ -56,9 +56,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests.redis_servers / redis_topologies: the private Redis processes
 
 from slidegate import stack  # noqa: E402
-from slidegate._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2  # noqa: E402
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2  # noqa: E402
 from slidegate.keys import limit_key  # noqa: E402
+from slidegate.protos import ratelimit_pb2, rls_pb2  # noqa: E402
 from slidegate.workers import remove_port_locks  # noqa: E402
 from tests.redis_servers import RedisServer  # noqa: E402
 from tests.redis_topologies import Cluster, SentinelGroup, wait_for  # noqa: E402

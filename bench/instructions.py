@@ -35,11 +35,10 @@ import redis
 import uvloop
 
 from bench.run import private_redis
-from slidegate._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate.algorithms import Algorithm
 from slidegate.application import build
 from slidegate.keys import limit_key
+from slidegate.protos import ratelimit_pb2, rls_pb2
 from slidegate.settings import Settings
 
 HERE = Path(__file__).resolve().parent

@@ -60,13 +60,13 @@ import uvloop
 
 from bench.run import body, h2load, private_redis
 from slidegate import stack
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate.algorithms import Algorithm
 from slidegate.application import Application, build
 from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.redis import RedisBackend, limit_args
 from slidegate.backends.redis_wire import WireConnection
 from slidegate.keys import limit_key
+from slidegate.protos import rls_pb2
 from slidegate.request import Request, parse_request
 from slidegate.resources import lua_script
 from slidegate.service import OutageLog, Prepared, RateLimitService, build_response

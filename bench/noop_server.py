@@ -20,8 +20,8 @@ import grpc
 import hiredis
 import uvloop
 
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate.algorithms import Algorithm
+from slidegate.protos import rls_pb2
 from slidegate.resources import lua_script
 
 OK = rls_pb2.RateLimitResponse(overall_code=rls_pb2.RateLimitResponse.OK)

@@ -34,8 +34,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from slidegate._proto.envoy.service.rate_limit_quota.v3 import rlqs_pb2
 from slidegate.application import build
+from slidegate.protos import rlqs_pb2
 from slidegate.server import start_server
 from slidegate.settings import Settings
 from tests.redis_servers import RedisServer

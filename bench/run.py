@@ -39,9 +39,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from slidegate import stack
-from slidegate._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate.algorithms import Algorithm
+from slidegate.protos import ratelimit_pb2, rls_pb2
 from slidegate.resources import lua_script
 from slidegate.workers import remove_port_locks
 

@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 import grpc
 from google.protobuf.message import Message
 
-from slidegate._proto.envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
-from slidegate._proto.ratelimit.config.ratelimit.v3 import rls_conf_pb2
 from slidegate.config.from_xds import TYPE_URL
+from slidegate.protos import ads_pb2_grpc, discovery_pb2, rls_conf_pb2
 
 
 @dataclass

@@ -16,11 +16,10 @@ import grpc
 import pytest
 import redis
 
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
-from slidegate._proto.slidegate.wire.v1 import lenient_pb2
 from slidegate.algorithms import Algorithm
 from slidegate.application import Application, build, make_backend
 from slidegate.backends.base import Backend, BackendUnavailable, Check, Decision
+from slidegate.protos import lenient_pb2, rls_pb2, rls_pb2_grpc
 from slidegate.resources import lua_script
 from slidegate.server import start_server
 from slidegate.settings import Settings

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.metrics import MetricWrapperBase
 
-from slidegate._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
+from slidegate.protos import ratelimit_pb2, rls_pb2
 
 Entries = list[tuple[str, str]]
 

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 
 from slidegate import stack
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
+from slidegate.protos import rls_pb2_grpc
 
 
 @dataclass

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from slidegate import stack
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
+from slidegate.protos import rls_pb2_grpc
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
 
 CONFIG = """

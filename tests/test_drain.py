@@ -12,7 +12,7 @@ import grpc
 import redis
 
 from slidegate import stack
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
+from slidegate.protos import rls_pb2_grpc
 from tests.helpers import OK, descriptor, request
 from tests.redis_servers import RedisServer
 

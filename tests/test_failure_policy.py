@@ -18,7 +18,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from slidegate import health as health_module
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
 from slidegate.backends.base import BackendUnavailable, Check, DeadlineExceeded
 from slidegate.backends.breaker import Breaker
 from slidegate.backends.redis import RedisBackend
@@ -28,6 +27,7 @@ from slidegate.config.describe import describe_config
 from slidegate.failure_modes import FailureMode
 from slidegate.health import Health
 from slidegate.limiter import ANSWER_MARGIN, Descriptor, Limiter, LimiterOptions
+from slidegate.protos import rls_pb2_grpc
 from slidegate.service import RateLimitService, refusal
 from tests.conftest import Decider
 from tests.helpers import OK, OVER_LIMIT, descriptor, request

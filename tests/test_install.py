@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 
 from slidegate import stack
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
+from slidegate.protos import rls_pb2_grpc
 from tests.helpers import OK, descriptor, request
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -26,8 +26,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
-from slidegate._proto.slidegate.wire.v1 import lenient_pb2
+from slidegate.protos import lenient_pb2, rls_pb2, rls_pb2_grpc
 from slidegate.service import METHOD
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
 from tests.redis_servers import RedisServer

@@ -13,10 +13,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from slidegate._proto.envoy.service.rate_limit_quota.v3 import rlqs_pb2
-from slidegate._proto.envoy.type.v3 import ratelimit_strategy_pb2
 from slidegate.application import Application, build
 from slidegate.config import load_directory
+from slidegate.protos import ratelimit_strategy_pb2, rlqs_pb2
 from slidegate.quotas.ledger import TTL_MS
 from slidegate.server import start_server
 from slidegate.settings import Settings

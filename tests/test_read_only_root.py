@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from slidegate import stack
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
+from slidegate.protos import rls_pb2
 from tests.helpers import descriptor, request
 from tests.served import Served, read_log
 

@@ -11,12 +11,11 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
-from slidegate._proto.envoy.type.v3 import ratelimit_unit_pb2
 from slidegate.algorithms import Algorithm
 from slidegate.backends.memory import MemoryBackend
 from slidegate.config import load_directory
 from slidegate.limiter import Descriptor, InvalidOverride, Limiter, Status
+from slidegate.protos import ratelimit_unit_pb2, rls_pb2
 from slidegate.request import InvalidRequest
 from slidegate.service import refusal
 from tests.conftest import Clock, Decider

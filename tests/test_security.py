@@ -16,8 +16,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
-from slidegate._proto.envoy.type.v3 import ratelimit_unit_pb2
+from slidegate.protos import ratelimit_unit_pb2, rls_pb2
 from tests.helpers import OK, descriptor, request
 from tests.served import Served
 

@@ -18,9 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slidegate import stack
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from slidegate.backends.redis import redact
 from slidegate.keys import limit_key
+from slidegate.protos import rls_pb2, rls_pb2_grpc
 from slidegate.service import METHOD
 from slidegate.settings import SPECS, Settings, SettingsError
 from tests.helpers import OK, OVER_LIMIT, descriptor, request

@@ -19,8 +19,6 @@ import pytest
 from google.protobuf import json_format
 
 from slidegate import service as service_module
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
-from slidegate._proto.slidegate.wire.v1 import lenient_pb2
 from slidegate.backends.base import BackendUnavailable, DeadlineExceeded
 from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.redis import RedisBackend
@@ -29,6 +27,7 @@ from slidegate.heap import Heap
 from slidegate.httpapi import HTTP_STATUS
 from slidegate.limiter import Descriptor, InvalidOverride, Limiter, LimiterOptions
 from slidegate.logs import Repeated
+from slidegate.protos import lenient_pb2, rls_pb2, rls_pb2_grpc
 from slidegate.request import InvalidRequest
 from slidegate.server import start_server
 from slidegate.service import METHOD, UNDECIDED, Prepared, RateLimitService, refusal

@@ -17,8 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
-from slidegate._proto.envoy.type.v3 import ratelimit_unit_pb2
+from slidegate.protos import ratelimit_unit_pb2, rls_pb2_grpc
 from slidegate.settings import Settings, SettingsError
 from slidegate.stack import free_port
 from slidegate.stats import StatsStore

@@ -14,8 +14,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from slidegate.application import build
+from slidegate.protos import rls_pb2, rls_pb2_grpc
 from slidegate.server import start_server
 from slidegate.settings import Settings, SettingsError
 from slidegate.tls import names_san, server_credentials

@@ -14,12 +14,17 @@ from google.protobuf import descriptor as _d
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from slidegate._proto.envoy.config.core.v3 import base_pb2
-from slidegate._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
-from slidegate._proto.envoy.service.discovery.v3 import ads_pb2, discovery_pb2
-from slidegate._proto.envoy.service.rate_limit_quota.v3 import rlqs_pb2
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
-from slidegate._proto.envoy.type.v3 import ratelimit_strategy_pb2, ratelimit_unit_pb2, token_bucket_pb2
+from slidegate.protos import (
+    ads_pb2,
+    base_pb2,
+    discovery_pb2,
+    ratelimit_pb2,
+    ratelimit_strategy_pb2,
+    ratelimit_unit_pb2,
+    rlqs_pb2,
+    rls_pb2,
+    token_bucket_pb2,
+)
 from tests.proto_shapes import describe_message
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,8 +22,8 @@ from typing import Any
 import grpc
 import pytest
 
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
 from slidegate.logs import configure_logging
+from slidegate.protos import rls_pb2_grpc
 from slidegate.settings import Settings, SettingsError
 from slidegate.stack import free_port, stop
 from slidegate.workers import lock_ports, remove_port_locks

@@ -15,13 +15,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from slidegate._proto.envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest
-from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
-from slidegate._proto.ratelimit.config.ratelimit.v3 import rls_conf_pb2 as conf
 from slidegate.config import Config, ConfigError, LoadOptions
 from slidegate.config.describe import describe_config
 from slidegate.config.from_xds import TYPE_URL, load_resources
 from slidegate.metrics import Metrics
+from slidegate.protos import discovery_pb2, rls_pb2
+from slidegate.protos import rls_conf_pb2 as conf
 from slidegate.reload import ConfigHolder
 from slidegate.settings import Settings, SettingsError
 from slidegate.xds import XdsConfigSource, backoff
@@ -127,7 +126,7 @@ async def test_an_invalid_snapshot_is_nacked_and_the_config_kept(ads: AdsServer)
         assert "again: domain: duplicate domain 'd2' (also in d2)" in message
         assert following.domains() == {"d1"} and following.holder.current.version == "1"
         assert following.count("config_load_error") == 1
-        ads.set([limit("d3", "k", 5)], foreign=[DiscoveryRequest(type_url="x")])  # not a RateLimitConfig
+        ads.set([limit("d3", "k", 5)], foreign=[discovery_pb2.DiscoveryRequest(type_url="x")])  # not a RateLimitConfig
         await following.until(lambda: len([r for r in ads.requests() if r.HasField("error_detail")]) == 2)
         assert ads.requests()[-1].error_detail.message == (
             "resource 1: type_url 'type.googleapis.com/envoy.service.discovery.v3.DiscoveryRequest' is not "
