@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slidegate.config.model import RateLimit
-from slidegate.headers import ResponseHeaders
+from slidegate.headers import ResponseHeaders, Shown, retry_after
 from slidegate.limiter import Descriptor, Status
 from slidegate.service import AnswerOptions, build_response, response_skeleton
 from slidegate.settings import Settings, SettingsError
@@ -155,3 +155,11 @@ def test_a_response_from_its_skeleton_is_the_one_built_anew(pairs: list[tuple[St
         anew = build_response("d", descriptors, statuses, options, shadow_mode, 3)
         assert made == anew
         assert made.SerializeToString(deterministic=True) == anew.SerializeToString(deterministic=True)
+
+
+def test_a_rejection_by_one_quota_of_two_still_says_when_to_retry() -> None:
+    """Found by the mutation check's run of the skeleton property test: statuses put together by hand can reject
+    by one quota limit while another has room; the wait is the rejecting limit's, not a crash."""
+    over = Shown("over", (), 10, 60, 0, 5_000_000, over=True, blocking=True, quota=True)
+    room = Shown("room", (), 10, 60, 3, 1_000_000, over=False, blocking=False, quota=True)
+    assert retry_after([over, room]) == 5

@@ -84,7 +84,9 @@ def retry_after(shown: Sequence[Shown]) -> int | None:
     quota = [s for s in shown if s.quota]
     if quota and all(s.over for s in quota):
         waits.append(min(s.reset_us for s in quota))
-    return max(1, seconds(max(waits)))
+    # statuses the caller put together by hand (the client's, the service's skeletons) may reject by a quota limit
+    # alone while another quota has room: the longest wait of those rejecting is then the honest answer
+    return max(1, seconds(max(waits or [s.reset_us for s in shown if s.blocking])))
 
 
 def _ietf(shown: Sequence[Shown], current: Shown) -> list[tuple[str, str]]:
