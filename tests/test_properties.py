@@ -29,6 +29,11 @@ from slidegate.backends.redis import RedisBackend
 from tests.models import Check as ModelCheck
 from tests.models import Model
 
+# the backends the model is compared with, each in its tier (the memory backend needs no server)
+SINGLE = pytest.param("single", marks=pytest.mark.redis)
+SINGLE_CACHE = pytest.param("single-cache", marks=pytest.mark.redis)
+MEMORY = pytest.param("memory", marks=pytest.mark.unit)
+
 Limit = tuple[int, int, int | None, bool]  # (limit, window us, burst, stop_when_over)
 
 # small limits and windows so that windows fill and roll often
@@ -58,19 +63,19 @@ def steps(
     return st.lists(st.tuples(clock, st.lists(check, min_size=1, max_size=4)), min_size=1, max_size=40)
 
 
-@pytest.mark.parametrize("backend_name", ["single", "memory", "single-cache"])
+@pytest.mark.parametrize("backend_name", [SINGLE, MEMORY, SINGLE_CACHE])
 @pytest.mark.parametrize("algorithm", list(Algorithm))
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_backend_agrees_with_model(
-    redis_url: str, keep_alive: str, backend_name: str, algorithm: Algorithm, data: st.DataObject
+    request: pytest.FixtureRequest, backend_name: str, algorithm: Algorithm, data: st.DataObject
 ) -> None:
     clock = BACKWARD if algorithm in (Algorithm.SLIDING_WINDOW_LOG, Algorithm.TOKEN_BUCKET) else FORWARD
     trace = data.draw(steps(clock))
     if backend_name.endswith("-cache"):
         # the cache's one documented blind spot: room made early by hits given back (or by time running back)
         trace = [(abs(step), [(i, abs(hits), mode) for i, hits, mode in picks]) for step, picks in trace]
-    run_trace(redis_url, keep_alive, backend_name, algorithm, LIMITS, trace)
+    run_trace(redis_of(request, backend_name), backend_name, algorithm, LIMITS, trace)
 
 
 YEAR = 31_536_000_000_000
@@ -89,14 +94,14 @@ HUGE_STEPS = st.one_of(
     st.integers(0, 10**11))
 
 
-@pytest.mark.parametrize("backend_name", ["single", "memory"])
+@pytest.mark.parametrize("backend_name", [SINGLE, MEMORY])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_huge_token_buckets_agree_with_model(redis_url: str, keep_alive: str, backend_name: str,
+def test_huge_token_buckets_agree_with_model(request: pytest.FixtureRequest, backend_name: str,
                                             data: st.DataObject) -> None:
     hits = [-4294967295, -3, -1, 0, 1, 2, 5, 71582788, 2**31, 4294967291, 4294967295]
     trace = data.draw(steps(HUGE_STEPS, HUGE_BUCKETS, hits))
-    run_trace(redis_url, keep_alive, backend_name, Algorithm.TOKEN_BUCKET, HUGE_BUCKETS, trace)
+    run_trace(redis_of(request, backend_name), backend_name, Algorithm.TOKEN_BUCKET, HUGE_BUCKETS, trace)
 
 
 # Sliding-window counters as large as config allows: the previous window's weight (hits x microseconds) passes
@@ -112,15 +117,15 @@ HUGE_COUNTERS: list[Limit] = [
 DOUBLE_ERROR = 2**-50  # relative: a few units in the last place of a double
 
 
-@pytest.mark.parametrize("backend_name", ["single", "memory"])
+@pytest.mark.parametrize("backend_name", [SINGLE, MEMORY])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_huge_sliding_window_counters_agree_with_the_exact_model(redis_url: str, keep_alive: str,
+def test_huge_sliding_window_counters_agree_with_the_exact_model(request: pytest.FixtureRequest,
                                                                   backend_name: str, data: st.DataObject) -> None:
     hits = [-4294967295, -3, -1, 0, 1, 2, 5, 71582788, 2**31, 4294967291, 4294967295]
     # forward only, as for every window algorithm (their model keeps no newest window seen)
     trace = data.draw(steps(HUGE_STEPS.filter(lambda step: step >= 0), HUGE_COUNTERS, hits))
-    run_trace(redis_url, keep_alive, backend_name, Algorithm.SLIDING_WINDOW_COUNTER, HUGE_COUNTERS, trace,
+    run_trace(redis_of(request, backend_name), backend_name, Algorithm.SLIDING_WINDOW_COUNTER, HUGE_COUNTERS, trace,
               reset_error=DOUBLE_ERROR)
 
 
@@ -137,7 +142,15 @@ class KeptAlive(RedisBackend):
         return ("FCALL", self._function, len(keys), *keys, *args)
 
 
-def run_trace(redis_url: str, keep_alive: str, backend_name: str, algorithm: Algorithm, limits: list[Limit],
+def redis_of(request: pytest.FixtureRequest, backend_name: str) -> tuple[str, str] | None:
+    """The suite's Redis and its keep-alive function, for a backend on Redis (None for the memory backend, which
+    needs no server: a unit test)."""
+    if backend_name == "memory":
+        return None
+    return request.getfixturevalue("redis_url"), request.getfixturevalue("keep_alive")
+
+
+def run_trace(on_redis: tuple[str, str] | None, backend_name: str, algorithm: Algorithm, limits: list[Limit],
               trace: list[tuple[int, list[tuple[int, int, int]]]], reset_error: float = 0) -> None:
     """Play ``trace`` on the backend and on the model, and require the same answer at every step; each reset
     within ``reset_error`` of the model's, relative (at least 1 µs when not 0)."""
@@ -145,8 +158,8 @@ def run_trace(redis_url: str, keep_alive: str, backend_name: str, algorithm: Alg
 
     async def run() -> None:
         # the memory backend's keys never expire on real time either: its expiry clock stands still
-        backend: Backend = (MemoryBackend(expiry_clock=lambda: 0) if backend_name == "memory"
-                            else KeptAlive(redis_url, keep_alive))
+        backend: Backend = (MemoryBackend(expiry_clock=lambda: 0) if on_redis is None
+                            else KeptAlive(*on_redis))
         if backend_name.endswith("-cache"):
             backend = OverLimitCache(backend)
         model = Model()
@@ -177,14 +190,17 @@ def run_trace(redis_url: str, keep_alive: str, backend_name: str, algorithm: Alg
         finally:
             await backend.close()
 
+    if on_redis is None:
+        asyncio.run(run())
+        return
+    redis_url = on_redis[0]
     try:
         asyncio.run(run())
-        if backend_name.startswith("single"):
-            # every script call went through the keep-alive function (PEXPIRE ... GT of ten minutes), whichever
-            # way the backend sent it
-            with redis.Redis.from_url(redis_url) as client:
-                ttls = [client.pttl(f"{prefix}{i}") for i in range(len(limits))]
-            assert all(ttl == -2 or ttl > 500_000 for ttl in ttls), ttls
+        # every script call went through the keep-alive function (PEXPIRE ... GT of ten minutes), whichever way
+        # the backend sent it
+        with redis.Redis.from_url(redis_url) as client:
+            ttls = [client.pttl(f"{prefix}{i}") for i in range(len(limits))]
+        assert all(ttl == -2 or ttl > 500_000 for ttl in ttls), ttls
     finally:
         client = redis.Redis.from_url(redis_url)
         client.delete(*(f"{prefix}{i}" for i in range(len(limits))))  # the only keys the trace can name
