@@ -62,7 +62,9 @@ def settings_for(backing: Backing, request: pytest.FixtureRequest) -> dict[str, 
     flags: dict[str, str] = {"local_cache_size_in_bytes": CACHE_BYTES} if backing.cache else {}
     if backing.servers is Servers.NONE:
         return {**flags, "backend_type": "memory"}
-    flags["backend_type"] = "redis"
+    # the behaviour suite decides, it does not time out: the failure tests keep their own deadlines, and here two
+    # test workers, a Cluster and a Sentinel set share two cores
+    flags |= {"backend_type": "redis", "redis_timeout": "2"}
     if backing.servers in (Servers.SINGLE, Servers.PERSECOND):
         flags["redis_url"] = request.getfixturevalue("redis_url")
     if backing.servers is Servers.PERSECOND:
