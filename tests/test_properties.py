@@ -129,19 +129,6 @@ def test_huge_sliding_window_counters_agree_with_the_exact_model(request: pytest
               reset_error=DOUBLE_ERROR)
 
 
-class KeptAlive(RedisBackend):
-    """The Redis backend calling ``function``: the decision script that keeps the keys it names alive (on every
-    path a script call takes: a key that expired on real time while the test's clock stood still made a flaky
-    failure)."""
-
-    def __init__(self, redis_url: str, function: str) -> None:
-        super().__init__(redis_url, timeout=2)
-        self._function = function
-
-    def _script_call(self, keys: list[str], args: list[str | int]) -> tuple[str | int, ...]:
-        return ("FCALL", self._function, len(keys), *keys, *args)
-
-
 def redis_of(request: pytest.FixtureRequest, backend_name: str) -> tuple[str, str] | None:
     """The suite's Redis and its keep-alive function, for a backend on Redis (None for the memory backend, which
     needs no server: a unit test)."""
@@ -159,7 +146,7 @@ def run_trace(on_redis: tuple[str, str] | None, backend_name: str, algorithm: Al
     async def run() -> None:
         # the memory backend's keys never expire on real time either: its expiry clock stands still
         backend: Backend = (MemoryBackend(expiry_clock=lambda: 0) if on_redis is None
-                            else KeptAlive(*on_redis))
+                            else RedisBackend(on_redis[0], timeout=2, function=on_redis[1]))
         if backend_name.endswith("-cache"):
             backend = OverLimitCache(backend)
         model = Model()

@@ -130,12 +130,17 @@ class RedisBackend:
 
     ``expiry_jitter`` (EXPIRATION_JITTER_MAX_SECONDS): every key's expiry is up to this many seconds (whole ms)
     later, drawn afresh for each key (lua/decide.lua) from a seed ``rng`` gives each script call.
+
+    ``function``: the name of a Redis function (FUNCTION LOAD) called with FCALL in place of lua/decide.lua, with
+    the same keys and arguments and answering as it does: a decision script kept as a function, or wrapped by
+    one (the property tests' keeps every key it names alive while their injected clock stands still).
     """
 
     def __init__(self, target: str | Topology, *, timeout: float = 0.25, pool_size: int = 64,
                  breaker: Breaker | None = None, wait_replicas: int = 0, wait_timeout: float = 0.05,
-                 expiry_jitter: float = 0.0, rng: random.Random | None = None) -> None:
+                 expiry_jitter: float = 0.0, rng: random.Random | None = None, function: str = "") -> None:
         self._topology = target if isinstance(target, Topology) else Topology("single", target)
+        self._function = function
         self._timeout = timeout
         self._breaker = breaker
         self._jitter_ms = round(expiry_jitter * 1000)
@@ -398,8 +403,9 @@ class RedisBackend:
         return packed
 
     def _script_call(self, keys: list[str], args: list[str | int]) -> tuple[str | int, ...]:
-        """The command that runs the script on ``keys`` with ``args``, both ways a batch is sent (the property tests
-        run their own, which keeps keys alive while their clock stands still)."""
+        """The command that runs the script (or ``function``) on ``keys`` with ``args``, both ways a batch is sent."""
+        if self._function:
+            return ("FCALL", self._function, len(keys), *keys, *args)
         return ("EVALSHA", self._sha, len(keys), *keys, *args)
 
     def _forget_started(self) -> None:
