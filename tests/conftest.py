@@ -24,7 +24,7 @@ from slidegate.resources import lua_script
 from slidegate.server import start_server
 from slidegate.settings import Settings
 from tests import redis_servers
-from tests.backends import Backing, params, redis_urls, settings_for
+from tests.backends import STORAGES, Backing, params, redis_urls, settings_for
 from tests.redis_servers import INSTALL_HINT, RedisServer
 from tests.redis_topologies import Cluster, SentinelGroup
 from tests.served import Served, Starter
@@ -187,6 +187,13 @@ def backing(request: pytest.FixtureRequest) -> Backing:
     return chosen
 
 
+@pytest.fixture(params=params(STORAGES))
+def storage(request: pytest.FixtureRequest) -> Backing:
+    """Each storage in turn (tests/backends.py's STORAGES): for tests that make their checks by hand."""
+    chosen: Backing = request.param
+    return chosen
+
+
 @pytest.fixture
 def backend_settings(backing: Backing, request: pytest.FixtureRequest, key_prefix: str) -> Iterator[dict[str, str]]:
     """The settings (flag names, values as text) choosing ``backing``, under the test's ``key_prefix``; the
@@ -198,12 +205,15 @@ def backend_settings(backing: Backing, request: pytest.FixtureRequest, key_prefi
 
 
 @pytest.fixture
-async def backend(backend_settings: dict[str, str]) -> AsyncIterator[Backend]:
-    """The storage of each backend in turn, made as `slidegate serve` makes it; keys are the test's to prefix
-    (``key_prefix``)."""
-    made = make_backend(Settings.load({}, backend_settings))
+async def backend(storage: Backing, request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterator[Backend]:
+    """Each storage in turn, made as `slidegate serve` makes it; keys are the test's to prefix (``key_prefix``),
+    and deleted after it from a Redis it may share."""
+    flags = settings_for(storage, request)
+    made = make_backend(Settings.load({}, flags))
     yield made
     await made.close()
+    for url in redis_urls(flags):
+        delete_keys(url, key_prefix)
 
 
 @pytest.fixture

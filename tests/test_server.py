@@ -33,7 +33,11 @@ def serve(config_dir: Path, *args: str, env: dict[str, str] | None = None, timeo
     return subprocess.run([sys.executable, "-m", "slidegate", "serve", "--config", str(config_dir),
                            "--http-host", "127.0.0.1", "--http-port", "0", "--debug-host", "127.0.0.1",
                            "--debug-port", "0", *args],
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+                          capture_output=True, text=True, timeout=timeout, env={**SETTLED, **(env or {})})
+
+
+# the settings' defaults are what these tests expect: none of the suite's own (REDIS_URL and the like) leaks in
+SETTLED = {name: value for name, value in os.environ.items() if not name.startswith("REDIS_")}
 
 
 @pytest.mark.parametrize(("args", "message"), [
