@@ -36,66 +36,86 @@ log = logging.getLogger(__name__)
 def make_app(service: RateLimitService, config: Callable[[], Config], health: Health,
              routes: tuple[str, ...] = ROUTES, *, metrics_path: str = "/metrics") -> web.Application:
     """An application serving ``routes`` (names from ROUTES), the metrics at ``metrics_path``."""
+    endpoints = _Endpoints(service, config, health)
+    table = {"json": web.post("/json", endpoints.decide), "healthcheck": web.get("/healthcheck", endpoints.healthcheck),
+             "rlconfig": web.get("/rlconfig", endpoints.rlconfig), "metrics": web.get(metrics_path, endpoints.metrics),
+             "stats": web.get("/stats", endpoints.stats)}
+    app = web.Application(middlewares=[_errors_as_json])
+    app.add_routes([table[name] for name in routes])
+    return app
 
-    async def decide(request: web.Request) -> web.Response:
-        if health.draining:
-            return web.json_response({"error": "shutting down"}, status=503)
+
+class _Endpoints:
+    """The handlers of the HTTP API, over one service, its config and its health."""
+
+    def __init__(self, service: RateLimitService, config: Callable[[], Config], health: Health) -> None:
+        self.service = service
+        self.config = config
+        self.health = health
+
+    async def decide(self, request: web.Request) -> web.Response:
+        if self.health.draining:
+            return _error("shutting down", 503)
         if request.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity"):
-            return web.json_response({"error": "compressed bodies are not accepted (Content-Encoding)"}, status=415)
+            return _error("compressed bodies are not accepted (Content-Encoding)", 415)
         try:
-            body = (await request.read()).decode("utf-8")
-            document = json.loads(body)
-            if not isinstance(document, dict):
-                kind = "null" if document is None else type(document).__name__
-                return web.json_response({"error": f"the body must be a JSON object (a RateLimitRequest), not {kind}"},
-                                         status=400)
-            parsed = json_format.Parse(body, rls_pb2.RateLimitRequest())  # again: it refuses repeated names
-            lenient = lenient_pb2.LenientRateLimitRequest.FromString(parsed.SerializeToString())
-            domain, descriptors = service.parse(lenient)
+            lenient = await _read_request(request)
+            domain, descriptors = self.service.parse(lenient)
         except json.JSONDecodeError as exc:
-            return web.json_response({"error": f"the body is not JSON: {exc}"}, status=400)
+            return _error(f"the body is not JSON: {exc}", 400)
         except InvalidRequest as exc:  # the reference's service_error, as over gRPC
-            service.refused(exc)
-            return web.json_response({"error": str(exc)}, status=400)
+            self.service.refused(exc)
+            return _error(str(exc), 400)
         except (json_format.ParseError, UnicodeDecodeError) as exc:
-            return web.json_response({"error": str(exc)}, status=400)
+            return _error(str(exc), 400)
         except web.HTTPRequestEntityTooLarge as exc:  # every answer of /json is JSON
             return web.json_response({"error": exc.text}, status=exc.status)
         except web.HTTPException:
             raise
         except Exception as exc:  # a body aiohttp cannot read (bad encoding, bad compression): the client's fault
-            return web.json_response({"error": f"unreadable body: {exc}"}, status=400)
+            return _error(f"unreadable body: {exc}", 400)
         try:
-            response = await service.decide(domain, descriptors, lenient.hits_addend)
+            response = await self.service.decide(domain, descriptors, lenient.hits_addend)
         except UNDECIDED as exc:
             code, details = refusal(exc)
-            return web.json_response({"error": details}, status=HTTP_STATUS[code])
+            return _error(details, HTTP_STATUS[code])
         status = 429 if response.overall_code == OVER_LIMIT else 200
         # every field, zeros included: limitRemaining 0 is an answer, not an absent one
         text = json_format.MessageToJson(response, indent=None, always_print_fields_with_no_presence=True)
         return web.Response(text=text, status=status, content_type=JSON)
 
-    async def healthcheck(_: web.Request) -> web.Response:
-        return web.Response(text="OK" if health.serving else "NOT SERVING", status=200 if health.serving else 503)
+    async def healthcheck(self, _: web.Request) -> web.Response:
+        serving = self.health.serving
+        return web.Response(text="OK" if serving else "NOT SERVING", status=200 if serving else 503)
 
-    async def rlconfig(_: web.Request) -> web.Response:
+    async def rlconfig(self, _: web.Request) -> web.Response:
         # file names that are not UTF-8 arrive as surrogate escapes
-        text = describe_config(config()).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        text = describe_config(self.config()).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
         return web.Response(text=text)
 
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=service.metrics.render(),
+    async def metrics(self, _: web.Request) -> web.Response:
+        return web.Response(body=self.service.metrics.render(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
-    async def stats(_: web.Request) -> web.Response:
-        return web.Response(text=service.metrics.render_stats())
+    async def stats(self, _: web.Request) -> web.Response:
+        return web.Response(text=self.service.metrics.render_stats())
 
-    app = web.Application(middlewares=[_errors_as_json])
-    table = {"json": web.post("/json", decide), "healthcheck": web.get("/healthcheck", healthcheck),
-             "rlconfig": web.get("/rlconfig", rlconfig), "metrics": web.get(metrics_path, metrics),
-             "stats": web.get("/stats", stats)}
-    app.add_routes([table[name] for name in routes])
-    return app
+
+async def _read_request(request: web.Request) -> lenient_pb2.LenientRateLimitRequest:
+    """The body of ``request``: a RateLimitRequest in proto-JSON, read as the gRPC service reads one. Raises
+    json.JSONDecodeError, json_format.ParseError (a JSON value that is not a RateLimitRequest),
+    UnicodeDecodeError, and aiohttp's errors reading the body."""
+    body = (await request.read()).decode("utf-8")
+    document = json.loads(body)
+    if not isinstance(document, dict):
+        kind = "null" if document is None else type(document).__name__
+        raise json_format.ParseError(f"the body must be a JSON object (a RateLimitRequest), not {kind}")
+    parsed = json_format.Parse(body, rls_pb2.RateLimitRequest())  # again: it refuses repeated names
+    return lenient_pb2.LenientRateLimitRequest.FromString(parsed.SerializeToString())
+
+
+def _error(error: str, status: int) -> web.Response:
+    return web.json_response({"error": error}, status=status)
 
 
 @web.middleware
@@ -147,6 +167,6 @@ async def start_app(app: web.Application, host: str | None, port: int, *,
     except OSError as exc:
         await runner.cleanup()
         raise OSError(f"cannot listen for HTTP on {host}:{port}: {exc}") from exc
-    sockets = getattr(site._server, "sockets", None)  # aiohttp keeps the listening sockets here (port 0's choice)
-    bound = sockets[0].getsockname()[1] if sockets else port
+    addresses = runner.addresses  # the listening sockets' own: port 0's choice
+    bound = addresses[0][1] if addresses else port
     return runner, int(bound)

@@ -36,35 +36,27 @@ class WireConnection(asyncio.Protocol):
     raised, so that the replies after it are still read. A connection that is lost fails every call still
     waiting with ConnectionError (a RedisError, as redis-py's)."""
 
-    def __init__(self, host: object, port: object) -> None:
+    def __init__(self, host: object, port: object, stream: object = None) -> None:
         self.host = host
         self.port = port
         self._reader = hiredis.Reader(protocolError=InvalidResponse, replyError=BaseParser.parse_error)
         self._waiting: deque[tuple[Answered, list[Any], int]] = deque()
         self._transport: Any = None  # uvloop's transports are not asyncio.Transport subclasses
         self._lost: asyncio.Future[None] | None = None
-        self._writer: object = None
+        # asyncio's StreamWriter closes its transport when collected: the one taken over (``stream``) lives as
+        # long as the connection
+        self._stream = stream
 
     @classmethod
     async def take_over(cls, connection: AbstractConnection) -> WireConnection:
         """The socket of ``connection`` (connected: its handshake done, nothing unread) as a WireConnection;
         ``connection`` is left disconnected, with nothing of its own to close."""
-        writer = getattr(connection, "_writer", None)
-        if writer is None:
-            raise RedisConnectionError("the connection to take over is not connected")
-        reader = getattr(connection, "_reader", None)
-        if reader is not None and reader.at_eof():
-            # Redis closed it (CLIENT KILL) after the handshake: its end of file went to redis-py's stream, and a
-            # protocol taking the socket over now would never hear of it (a call written there waits forever)
-            raise RedisConnectionError(CLOSED)
-        wire = cls(getattr(connection, "host", None), getattr(connection, "port", None))
-        # asyncio's StreamWriter closes its transport when collected: it lives as long as the connection
-        wire._writer = writer
+        writer = _connected_writer(connection)
+        wire = cls(getattr(connection, "host", None), getattr(connection, "port", None), writer)
         transport = writer.transport
         transport.set_protocol(wire)
         wire.connection_made(transport)
-        # redis-py no longer owns the socket: its disconnect (or its finaliser) must not close ours
-        connection._reader = connection._writer = None
+        _disown(connection)
         await connection.disconnect(nowait=True)
         return wire
 
@@ -131,6 +123,28 @@ class WireConnection(asyncio.Protocol):
         self.close()
         if self._lost is not None:
             await asyncio.shield(self._lost)
+
+
+# redis-py (8.2) has no public way to hand a connection's socket over: these two are the only places that touch
+# its private streams
+
+
+def _connected_writer(connection: AbstractConnection) -> asyncio.StreamWriter:
+    """The stream ``connection`` writes to, once it is known to be open."""
+    writer: asyncio.StreamWriter | None = getattr(connection, "_writer", None)
+    if writer is None:
+        raise RedisConnectionError("the connection to take over is not connected")
+    reader: asyncio.StreamReader | None = getattr(connection, "_reader", None)
+    if reader is not None and reader.at_eof():
+        # Redis closed it (CLIENT KILL) after the handshake: its end of file went to redis-py's stream, and a
+        # protocol taking the socket over now would never hear of it (a call written there waits forever)
+        raise RedisConnectionError(CLOSED)
+    return writer
+
+
+def _disown(connection: AbstractConnection) -> None:
+    """redis-py no longer owns the socket: its disconnect (or its finaliser) must not close ours."""
+    connection._reader = connection._writer = None
 
 
 def _tell(answered: Answered, replies: list[Any] | None, error: Exception | None) -> None:
