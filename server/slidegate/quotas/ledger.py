@@ -4,7 +4,7 @@ Each Envoy enforces its own token bucket for a quota bucket and reports its usag
 with the bucket it may use: its *share* of the limit. Every Envoy's bucket for one quota is a *holder* in the
 quota's ledger, kept in the storage (one Redis hash, or this process's memory), so that every slidegate
 replica shares it out from the same books. This module is the ledger's rule and its in-memory twin;
-lua/quota.lua is the same rule for Redis, written line for line alike (tests compare the two).
+lua/quota.lua is the same rule for Redis, written step for step alike (tests compare the two).
 
 The guarantee: in any window of the limit's length, the Envoys together admit at most the limit, besides the
 requests an Envoy lets through before its first assignment arrives (its no_assignment_behavior). It holds
@@ -282,6 +282,20 @@ def report(state: dict[str, str], limit: int, window_ms: int, holder: str, allow
     ``owner``; return the holder's bucket from now on. Raises HolderTaken when another stream reports it."""
     allowed, denied = min(allowed, MAX_COUNT), min(denied, MAX_COUNT)
     _tidy(state, holder, now, window_ms)
+    h = _reporting(state, holder, owner, elapsed_ms, now, window_ms)
+    _take_usage(h, allowed, denied, elapsed_ms, now, window_ms)
+    name = "h:" + holder
+    state[name] = h.encode()
+    others, demands = _others(state, name, now, window_ms)
+    # this holder's part of the limit, by demand
+    least = max(1, math.floor(sum(demands) / len(demands) / 10))
+    weights = sum(max(d, least) for d in demands)
+    target = math.floor(limit * (max(h.demand, least) / weights))
+    return _grant(state, name, h, limit, window_ms, target, others, now)
+
+
+def _reporting(state: dict[str, str], holder: str, owner: str, elapsed_ms: int, now: int, window_ms: int) -> Holder:
+    """The holder ``owner`` reports: as booked, or a new one. Raises HolderTaken."""
     name = "h:" + holder
     h = Holder.decode(state[name]) if name in state else None
     if h is not None and h.owner not in ("", owner) and now - h.seen < LEASE_MS:
@@ -298,20 +312,12 @@ def report(state: dict[str, str], limit: int, window_ms: int, holder: str, allow
     if h is None:
         h = Holder(0, 0, 0, now, now, 0, 0, 0, 0, now, [], owner)
     h.owner = owner
-    # what the bucket may hold now, from what it was sent and what it was reported to let through
-    if h.fresh == 1:
-        used = max(0, allowed * 1000 - h.carry)
-        level = h.m * 1000 + _refill(h.t, now - h.since, h.m, window_ms) - used
-    else:
-        # Envoy's interval may be longer than the one between the reports' arrivals (the earlier one may have
-        # been slower on its way): it is less than its own elapsed time (whole seconds, rounded down) plus one
-        interval = max(now - h.reported, elapsed_ms + 1000)
-        level = h.level + _refill(h.t, interval, h.m, window_ms) - allowed * 1000
-        if denied > 0 and h.reported >= h.since + SLACK_MS:
-            # a request denied since the last report found the bucket below one token (this bucket's: it had
-            # reached Envoy by then), and it refilled at most the whole interval since
-            level = min(level, 1000 + _refill(h.t, interval, h.m, window_ms))
-    h.level = max(0, min(h.m * 1000, level))
+    return h
+
+
+def _take_usage(h: Holder, allowed: int, denied: int, elapsed_ms: int, now: int, window_ms: int) -> None:
+    """Bring ``h`` up to the report: its level, its reports and its demand."""
+    h.level = max(0, min(h.m * 1000, _level(h, allowed, denied, elapsed_ms, now, window_ms)))
     h.fresh, h.carry = 0, 0
     if h.share > 0 and allowed > 0:  # what a holder lets through before its first bucket is not booked
         h.reports.append((now, allowed))
@@ -320,11 +326,28 @@ def report(state: dict[str, str], limit: int, window_ms: int, holder: str, allow
     rate = min(MAX_COUNT, math.floor(float(allowed + denied) * 1000000 / max(elapsed_ms, 1000)))
     h.demand = max(rate, h.demand // 2)
     h.reported, h.seen = now, now
-    state[name] = h.encode()
 
-    # this holder's part of the limit, by demand
+
+def _level(h: Holder, allowed: int, denied: int, elapsed_ms: int, now: int, window_ms: int) -> int:
+    """What ``h``'s bucket may hold now (mt, not yet capped), from what it was sent and what it let through."""
+    if h.fresh == 1:
+        used = max(0, allowed * 1000 - h.carry)
+        return h.m * 1000 + _refill(h.t, now - h.since, h.m, window_ms) - used
+    # Envoy's interval may be longer than the one between the reports' arrivals (the earlier one may have been
+    # slower on its way): it is less than its own elapsed time (whole seconds, rounded down) plus one
+    interval = max(now - h.reported, elapsed_ms + 1000)
+    level = h.level + _refill(h.t, interval, h.m, window_ms) - allowed * 1000
+    if denied > 0 and h.reported >= h.since + SLACK_MS:
+        # a request denied since the last report found the bucket below one token (this bucket's: it had
+        # reached Envoy by then), and it refilled at most the whole interval since
+        level = min(level, 1000 + _refill(h.t, interval, h.m, window_ms))
+    return level
+
+
+def _others(state: dict[str, str], name: str, now: int, window_ms: int) -> tuple[int, list[int]]:
+    """What every holder but ``name`` and every retired bucket books (mt), and every holder's demand."""
     demands: list[int] = []
-    others = 0  # mt booked by every other holder and every retired bucket
+    others = 0
     for other in sorted(n for n in state if n.startswith("h:")):
         o = Holder.decode(state[other])
         demands.append(o.demand)
@@ -332,32 +355,20 @@ def report(state: dict[str, str], limit: int, window_ms: int, holder: str, allow
             others += o.share * 1000
     for retired in sorted((n for n in state if n.startswith("r:")), key=lambda n: int(n[2:])):
         others += Retired.decode(state[retired]).booked(now, window_ms)
-    least = max(1, math.floor(sum(demands) / len(demands) / 10))
-    weights = sum(max(d, least) for d in demands)
-    target = math.floor(limit * (max(h.demand, least) / weights))
+    return others, demands
 
+
+def _grant(state: dict[str, str], name: str, h: Holder, limit: int, window_ms: int, target: int, others: int,
+           now: int) -> Assignment:
+    """``h``'s bucket from now on: a new one of at most ``target`` when the limit has room and it is worth
+    replacing the one it holds (booked as retired), else the same."""
     # what replacing the bucket now would leave booked for the old one, and what the limit then has room for
     left = _left(h, now, window_ms) if h.share > 0 else 0
     old = Retired(h.share, left, now, h.reports).booked(now, window_ms) if h.share > 0 else 0
     room = max(0, math.floor((limit * 1000 - others - old) / 1000))
-    share = min(target, room)
     current = _assignment(h, window_ms)
-    candidate = bucket_for(share, limit, window_ms)
-    if candidate == current:  # the same bucket would not be a fresh one in Envoy: the same share split otherwise
-        candidate = bucket_for(share, limit, window_ms, shift=1)
-        if candidate.denies:
-            share -= 1
-            candidate = bucket_for(share, limit, window_ms)
-    margin = max(1, h.share // 10)
-    if h.share > 0 and target <= h.share - margin and now - h.since >= min(window_ms, SETTLE_MS):
-        # asked to shrink: others need the room. Not a bucket just sent: what it may still let through stays
-        # booked for a window, so shrinking it at once would only leave everyone without
-        replace = True
-    else:
-        # a larger or fresher bucket than what this one may still give in the coming window
-        gain = (candidate.max_tokens + candidate.tokens_per_fill) * 1000 - (h.level + h.t * 1000)
-        replace = not candidate.denies and candidate != current and gain >= margin * 1000
-    if not replace:
+    share, candidate = _fresh_bucket(min(target, room), current, limit, window_ms)
+    if not _replaces(h, target, candidate, current, now, window_ms):
         return current
     if old > 0:
         _retire(state, Retired(h.share, left, now, h.reports), window_ms)
@@ -368,6 +379,29 @@ def report(state: dict[str, str], limit: int, window_ms: int, holder: str, allow
     h.reports = []
     state[name] = h.encode()
     return candidate
+
+
+def _fresh_bucket(share: int, current: Assignment, limit: int, window_ms: int) -> tuple[int, Assignment]:
+    """The bucket for ``share`` (or one less) that differs from ``current``, and its share."""
+    candidate = bucket_for(share, limit, window_ms)
+    if candidate == current:  # the same bucket would not be a fresh one in Envoy: the same share split otherwise
+        candidate = bucket_for(share, limit, window_ms, shift=1)
+        if candidate.denies:
+            share -= 1
+            candidate = bucket_for(share, limit, window_ms)
+    return share, candidate
+
+
+def _replaces(h: Holder, target: int, candidate: Assignment, current: Assignment, now: int, window_ms: int) -> bool:
+    """Whether ``candidate`` is to replace ``h``'s bucket (``current``)."""
+    margin = max(1, h.share // 10)
+    if h.share > 0 and target <= h.share - margin and now - h.since >= min(window_ms, SETTLE_MS):
+        # asked to shrink: others need the room. Not a bucket just sent: what it may still let through stays
+        # booked for a window, so shrinking it at once would only leave everyone without
+        return True
+    # a larger or fresher bucket than what this one may still give in the coming window
+    gain = (candidate.max_tokens + candidate.tokens_per_fill) * 1000 - (h.level + h.t * 1000)
+    return not candidate.denies and candidate != current and gain >= margin * 1000
 
 
 def release(state: dict[str, str], window_ms: int, holder: str, now: int, unsure: int = 0) -> None:
