@@ -195,6 +195,20 @@ class QuotaService:
             await asyncio.shield(stream.close())
 
 
+# a stream's bucket: its domain and its id's entries
+_Key = tuple[str, tuple[tuple[str, str], ...]]
+
+
+@dataclass(slots=True)
+class _Sorted:
+    """One report's buckets, sorted: the actions to send at once, the buckets to give back once Envoy has been
+    told, and the counts of the quota buckets to book (bucket → [allowed, denied, elapsed ms])."""
+
+    actions: list[Response.BucketAction] = field(default_factory=list)
+    leaving: list[Bucket] = field(default_factory=list)
+    pending: dict[_Key, list[int]] = field(default_factory=dict)
+
+
 class _Stream:
     """The buckets of one stream (by domain too: Envoy opens a stream per domain, and a client that mixes them
     gets what each says) and how each report is answered."""
@@ -204,7 +218,7 @@ class _Stream:
         self.name = name
         self.instance = instance
         self.peer = peer
-        self.buckets: dict[tuple[str, tuple[tuple[str, str], ...]], Bucket] = {}
+        self.buckets: dict[_Key, Bucket] = {}
         self._numbers = itertools.count(1)
         self._over_bound = False
 
@@ -219,70 +233,90 @@ class _Stream:
         """The answers to one report: the blanket and abandoned buckets' at once, then the quota buckets' as the
         storage books them (CONCURRENT_REPORTS at a time, each part sent as soon as it is booked: the ledger
         allows an answer SLACK_MS to reach Envoy)."""
-        service, metrics = self.service, self.service.metrics
-        domain = message.domain
-        label = service.label(domain)
-        actions: list[Response.BucketAction] = []
-        leaving: list[Bucket] = []
-        pending: dict[tuple[str, tuple[tuple[str, str], ...]], list[int]] = {}  # bucket → [allowed, denied, ms]
+        label = self.service.label(message.domain)
+        report = _Sorted()
         for usage in message.bucket_quota_usages:
-            entries = bucket_entries(usage.bucket_id)
-            if isinstance(entries, str):
-                metrics.refused.labels("malformed").inc()
-                service.malformed(entries)
-                continue
-            allowed, denied = usage.num_requests_allowed, usage.num_requests_denied
-            metrics.reported.labels(label, "allowed").inc(allowed)
-            metrics.reported.labels(label, "denied").inc(denied)
-            key = (domain, entries)
-            if key in pending:  # the same bucket twice in one report: one report of both counts
-                pending[key][0] += allowed
-                pending[key][1] += denied
-                continue
-            bucket = self.buckets.get(key)
-            if bucket is None:
-                if len(self.buckets) >= service.max_buckets:
-                    actions.append(self._untracked(usage.bucket_id, label, idle=not allowed and not denied))
-                    continue
-                bucket = Bucket(usage.bucket_id, entries, None, None, ALLOW_ALL, self._holder(domain, entries), 0.0)
-                self.buckets[key] = bucket
-                metrics.buckets.inc()
-            now = time.monotonic() * 1000
-            if allowed or denied or not bucket.active:
-                bucket.active = now
-            elif now - bucket.active >= max(service.idle_ms, bucket.quota.window_ms if bucket.quota else 0):
-                actions.append(self._abandon(key, label, leaving))
-                continue
-            try:
-                changed = await self._match(domain, bucket)
-            except NoConfigLoaded:
-                continue  # no config yet (xDS): Envoy keeps its no-assignment behaviour meanwhile
-            if changed:
-                # a reload changed the bucket's limit: Envoy would keep its token bucket (and its refill) were the
-                # new one's max_tokens and tokens_per_fill the same, so it forgets it, and starts afresh
-                actions.append(self._abandon(key, label, leaving))
-            elif bucket.quota is None:
-                actions.append(service.blanket(usage.bucket_id, bucket.rule, label))
-            else:
-                pending[key] = [allowed, denied, usage.time_elapsed.seconds * 1000]
-        if actions:
-            yield Response(bucket_action=actions)
+            await self._sort(message.domain, label, usage, report)
+        if report.actions:
+            yield Response(bucket_action=report.actions)
         # the abandoned buckets' holders go back once Envoy has been told, before the next report is read
-        await self._give_back(leaving)
-        keys = list(pending)
+        await self._give_back(report.leaving)
+        keys = list(report.pending)
         for start in range(0, len(keys), CONCURRENT_REPORTS):
-            chunk = [self.buckets[k] for k in keys[start:start + CONCURRENT_REPORTS]]
-            booked = await asyncio.gather(*(self._book(b, *pending[(domain, b.entries)]) for b in chunk))
-            answered = []
-            for bucket, assignment in zip(chunk, booked, strict=True):
-                if assignment is not None:
-                    answered.append(assigned(bucket.bucket_id, assignment))
-                    # no_share: no room for this Envoy now (deny_all is a rule's requests_per_unit: 0)
-                    metrics.assignments.labels(label, "no_share" if assignment.denies else "token_bucket").inc()
-                    assert bucket.quota is not None
-                    bucket.record(share_of(assignment, bucket.quota.window_ms))
+            answered = await self._book_part(label, keys[start:start + CONCURRENT_REPORTS], report.pending)
             if answered:
                 yield Response(bucket_action=answered)
+
+    async def _sort(self, domain: str, label: str, usage: Reports.BucketQuotaUsage, report: _Sorted) -> None:
+        """Take one bucket's usage into ``report``: an action to send at once, or its counts to book."""
+        service, metrics = self.service, self.service.metrics
+        entries = bucket_entries(usage.bucket_id)
+        if isinstance(entries, str):
+            metrics.refused.labels("malformed").inc()
+            service.malformed(entries)
+            return
+        allowed, denied = usage.num_requests_allowed, usage.num_requests_denied
+        metrics.reported.labels(label, "allowed").inc(allowed)
+        metrics.reported.labels(label, "denied").inc(denied)
+        key = (domain, entries)
+        if key in report.pending:  # the same bucket twice in one report: one report of both counts
+            report.pending[key][0] += allowed
+            report.pending[key][1] += denied
+            return
+        bucket = self._bucket(key, usage.bucket_id)
+        if bucket is None:
+            report.actions.append(self._untracked(usage.bucket_id, label, idle=not allowed and not denied))
+            return
+        if self._idle(bucket, allowed + denied):
+            report.actions.append(self._abandon(key, label, report.leaving))
+            return
+        try:
+            changed = await self._match(domain, bucket)
+        except NoConfigLoaded:
+            return  # no config yet (xDS): Envoy keeps its no-assignment behaviour meanwhile
+        if changed:
+            # a reload changed the bucket's limit: Envoy would keep its token bucket (and its refill) were the
+            # new one's max_tokens and tokens_per_fill the same, so it forgets it, and starts afresh
+            report.actions.append(self._abandon(key, label, report.leaving))
+        elif bucket.quota is None:
+            report.actions.append(service.blanket(usage.bucket_id, bucket.rule, label))
+        else:
+            report.pending[key] = [allowed, denied, usage.time_elapsed.seconds * 1000]
+
+    def _bucket(self, key: _Key, bucket_id: rlqs_pb2.BucketId) -> Bucket | None:
+        """The stream's bucket ``key``: a new one while the stream holds fewer than max_buckets, else None."""
+        bucket = self.buckets.get(key)
+        if bucket is None and len(self.buckets) < self.service.max_buckets:
+            bucket = Bucket(bucket_id, key[1], None, None, ALLOW_ALL, self._holder(*key), 0.0)
+            self.buckets[key] = bucket
+            self.service.metrics.buckets.inc()
+        return bucket
+
+    def _idle(self, bucket: Bucket, requests: int) -> bool:
+        """Whether ``bucket``, reported with ``requests`` (allowed and denied), had none for idle_ms (or its
+        quota's window, if longer). One with requests, or new, is active from now."""
+        now = time.monotonic() * 1000
+        if requests or not bucket.active:
+            bucket.active = now
+            return False
+        return now - bucket.active >= max(self.service.idle_ms, bucket.quota.window_ms if bucket.quota else 0)
+
+    async def _book_part(self, label: str, keys: list[_Key], pending: dict[_Key, list[int]],
+                         ) -> list[Response.BucketAction]:
+        """The assignments of the buckets ``keys`` once the storage booked their counts (``pending``), together;
+        none for a bucket whose booking failed."""
+        chunk = [self.buckets[k] for k in keys]
+        booked = await asyncio.gather(*(self._book(b, *pending[k]) for b, k in zip(chunk, keys, strict=True)))
+        answered = []
+        for bucket, assignment in zip(chunk, booked, strict=True):
+            if assignment is not None:
+                answered.append(assigned(bucket.bucket_id, assignment))
+                # no_share: no room for this Envoy now (deny_all is a rule's requests_per_unit: 0)
+                action = "no_share" if assignment.denies else "token_bucket"
+                self.service.metrics.assignments.labels(label, action).inc()
+                assert bucket.quota is not None
+                bucket.record(share_of(assignment, bucket.quota.window_ms))
+        return answered
 
     async def _book(self, bucket: Bucket, allowed: int, denied: int, elapsed_ms: int) -> Assignment | None:
         """``bucket``'s report, booked: its assignment, or None when the storage failed."""
@@ -341,8 +375,7 @@ class _Stream:
         metrics.refused.labels("too_many").inc()
         return self.service.blanket(bucket_id, DENY_ALL, label)
 
-    def _abandon(self, key: tuple[str, tuple[tuple[str, str], ...]], label: str,
-                 leaving: list[Bucket]) -> Response.BucketAction:
+    def _abandon(self, key: _Key, label: str, leaving: list[Bucket]) -> Response.BucketAction:
         """Forget the bucket: its holder goes in ``leaving``, to be given back."""
         bucket = self.buckets.pop(key)
         self.service.metrics.buckets.dec()
