@@ -6,7 +6,7 @@ A limit goes to the per-second Redis when its window is exactly one second: unit
 rule, which has no unit_multiplier), and with slidegate's ``unit_multiplier`` 1 only: a limit of several seconds
 is kept with the others. A request whose limits are all on one side is that Redis's call alone. A request with
 limits on both is still all-or-nothing: each side decides its share so that it can be undone, and when one
-rejects (or fails), the side that admitted is undone (slidegate.backends.redis.decide_spanning, the same
+rejects (or fails), the side that admitted is undone (slidegate.backends.spanning, the same
 protocol as a request spanning cluster slots); no limit is ever admitted beyond itself. Each side keeps its own
 breaker, batches and connections: a Redis that fails takes the failure mode to the requests that need it, and
 only to those.
@@ -18,7 +18,8 @@ import asyncio
 from collections.abc import Sequence
 
 from slidegate.backends.base import Check, Decision
-from slidegate.backends.redis import RedisBackend, decide_spanning
+from slidegate.backends.redis import RedisBackend
+from slidegate.backends.spanning import decide_spanning
 
 ONE_SECOND_US = 1_000_000
 

@@ -3,15 +3,10 @@ one call per hash slot its keys fall in, sent together. On one Redis (or Sentine
 arrive while others are at Redis share the next script call (slidegate.backends.batching); each is still
 decided on its own, all-or-nothing, in arrival order.
 
-On a cluster a request spanning slots is all-or-nothing too: each slot's call may be undone (lua/decide.lua
-returns a receipt of what it wrote), and when any slot rejects, the slots that admitted are sent a
-compensating call that takes back exactly this request's hits. Until it lands the request holds that room
-(another request may be refused meanwhile); no request is ever admitted beyond a limit. When the compensating
-call fails (a node down), the request stays rejected and the hits it held stay counted: conservative. Hits
-given back (is_negative_hits) never reject and cannot be undone exactly, so in a request that also adds hits
-they are applied only once every slot has admitted it. The same protocol decides a request whose limits are
-kept in two Redis (REDIS_PERSECOND, slidegate.backends.persecond: ``decide_spanning``), each place a Redis and,
-on a cluster, a slot of it; one Redis's parts travel in its batches.
+On a cluster a request spanning slots is all-or-nothing too (slidegate.backends.spanning: each slot's call may
+be undone, and is when another rejects); a RedisBackend is one of that module's places, as each Redis of
+REDIS_PERSECOND is (one Redis's parts travel in its batches). lua/decide.lua's arguments and replies are
+slidegate.backends.script_codec's.
 
 Connection errors and timeouts become BackendUnavailable within ``timeout`` seconds (a few ms more at most:
 deadlines share one timer, slidegate.backends.deadlines). Nothing is retried
@@ -39,76 +34,49 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-import hiredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import (
-    AuthenticationError,
-    NoPermissionError,
-    NoScriptError,
-    ReadOnlyError,
-    RedisClusterException,
-    RedisError,
-    ResponseError,
-)
+from redis.exceptions import NoPermissionError, NoScriptError, ReadOnlyError, ResponseError
 
 from slidegate.algorithms import Algorithm
-from slidegate.backends.base import BackendUnavailable, Check, Checks, DeadlineExceeded, Decision, Outcome, admits
+from slidegate.backends.base import BackendUnavailable, Check, Checks, DeadlineExceeded, Decision
 from slidegate.backends.batching import Batcher, Flight
 from slidegate.backends.breaker import Breaker
 from slidegate.backends.deadlines import LoopWatch
 from slidegate.backends.permits import Permits
 from slidegate.backends.redis_cluster import RETRY_FOR, ClusterRouter
 from slidegate.backends.redis_connect import TlsOptions, Topology, check_url, make_client, redact
+from slidegate.backends.redis_errors import STORAGE_ERRORS, reason
 from slidegate.backends.redis_sentinel import SentinelMaster
 from slidegate.backends.redis_wire import WireConnection
+from slidegate.backends.script_codec import (
+    Part,
+    Receipt,
+    Request,
+    Unconfirmed,
+    decide_args,
+    limit_args,
+    pack,
+    read_answers,
+    read_decision,
+    read_part,
+    undo_args,
+)
+from slidegate.backends.spanning import decide_across, places
 from slidegate.logs import Repeated
 from slidegate.resources import lua_script
 
-__all__ = ["RedisBackend", "TlsOptions", "Topology", "check_url", "redact"]
+__all__ = ["RedisBackend", "TlsOptions", "Topology", "check_url", "limit_args", "redact"]
 
 log = logging.getLogger(__name__)
 
-Receipt = tuple[int, int]  # what one slot's call wrote for a limit (lua/decide.lua), to undo it
-# A request's checks, its clock ("" for Redis TIME) and whether it may be undone (one part of a request decided in
-# several places, see _decide_across)
-_Request = tuple[Sequence[Check], str | int, bool]
 # Limits one script call decides at most for a batch of requests (a larger request goes alone): eight callers'
 # requests of 1,000 descriptors in one call outlasted REDIS_TIMEOUT, and every request batched with them failed
 MAX_BATCH_CHECKS = 256
-# What a Redis that fails or cannot be reached raises, through redis-py or our own connections (TimeoutError, an
-# OSError: no answer in time). Each becomes BackendUnavailable, in RedisBackend._unavailable, and nothing else
-# does: any other exception is a bug and goes up as itself.
-STORAGE_ERRORS = (RedisError, RedisClusterException, OSError)
-
-
-class Unconfirmed(BackendUnavailable):
-    """A script call ran, but its writes did not reach REDIS_WAIT_REPLICAS replicas in time: ``reply`` is its
-    reply."""
-
-    def __init__(self, reply: Any, message: str) -> None:
-        super().__init__(message)
-        self.reply = reply
-
-
-# One script call's share of a request: the Redis that decides it and the indexes of its checks
-Place = tuple["RedisBackend", list[int]]
-Undo = dict["RedisBackend", list[tuple[Check, Receipt]]]  # what to take back, Redis by Redis
-
-
-@dataclass(frozen=True, slots=True)
-class _Part:
-    """One slot's share of a request, decided so that it can be undone: ``decision``; per check, ``unchanged``
-    (its remaining and reset as if the request had not come) and ``receipts`` (None: nothing to undo)."""
-
-    decision: Decision
-    unchanged: list[Outcome]
-    receipts: list[Receipt | None]
 
 
 class RedisBackend:
@@ -152,7 +120,7 @@ class RedisBackend:
                              f"the timeout ({timeout:g} s)")
         self._wait_replicas = wait_replicas
         self._wait_ms = math.ceil(wait_timeout * 1000)
-        self._wait = _pack(("WAIT", wait_replicas, self._wait_ms)) if wait_replicas else b""
+        self._wait = pack(("WAIT", wait_replicas, self._wait_ms)) if wait_replicas else b""
         # one connection more than calls may take: the health ping never waits behind the load
         self._client = make_client(self._topology, timeout=timeout, pool_size=pool_size + 1)
         # redis-py's pools fail when full: waiting here keeps every node within pool_size connections
@@ -174,7 +142,7 @@ class RedisBackend:
         # a cluster's requests span slots: only one Redis (or Sentinel's master) takes batches of requests
         # (a batch's own bound: it outlives the callers that gave up on it, and a Redis that stopped answering
         # would otherwise hold its place in flight for good; cut off, its connection is closed in _direct)
-        self._batcher: Batcher[_Request, Decision | _Part] = Batcher(
+        self._batcher: Batcher[Request, Decision | Part] = Batcher(
             self._decide_many, batch_timeout=timeout,
             on_cut_off=lambda: self._failed(f"no answer within {timeout * 1000:.0f} ms"),
             weight=lambda request: len(request[0]), max_weight=MAX_BATCH_CHECKS, start=self._start_many)
@@ -192,7 +160,7 @@ class RedisBackend:
         # every admitted request spanning slots (several holds give back less than exact, and each is a field)
         self._hold_us = round((2 * timeout + 0.1) * 1_000_000)
         self._undoing: set[asyncio.Task[None]] = set()  # compensating calls that outlived their request
-        self._resending: set[asyncio.Future[list[Decision | _Part | Unconfirmed]]] = set()  # see _send_again
+        self._resending: set[asyncio.Future[list[Decision | Part | Unconfirmed]]] = set()  # see _send_again
         # script calls _start_many wrote and whose reply has not been handled, by their round trip's number (each
         # holds a permit and an entry of _asked), with their loop: once it is closed, _replied never runs for them
         self._started: dict[int, asyncio.AbstractEventLoop] = {}
@@ -216,7 +184,7 @@ class RedisBackend:
         on any Redis failure or timeout, DeadlineExceeded when ``timeout`` (shorter than the backend's) ran out."""
         if not checks:
             return Decision(True, [])
-        refusal = self._refusal(timeout)
+        refusal = self.refusal(timeout)
         if refusal is not None:
             raise refusal
         clock: str | int = "" if now_us is None else now_us
@@ -229,16 +197,16 @@ class RedisBackend:
                     raise TypeError("a request that cannot be undone is answered with a Decision")
                 return decision
             async with asyncio.timeout(bound) as scope:
-                places = _places(checks, lambda _: self)
-                if len(places) == 1:
-                    return (await self._decided([(checks, clock, False)]))[0]
-                return await _decide_across(checks, places, lambda _: self, clock, scope)
+                where = places(checks, lambda _: self)
+                if len(where) == 1:
+                    return await self.decide_given(checks, clock)
+                return await decide_across(checks, where, lambda _: self, clock, scope)
         except STORAGE_ERRORS as exc:
             if caller_first and isinstance(exc, TimeoutError):
                 raise DeadlineExceeded(f"{self.describe()}: the caller's deadline ({timeout:.3f} s) ran out") from exc
-            raise self._unavailable(exc) from exc
+            raise self.unavailable(exc) from exc
 
-    def _refusal(self, timeout: float | None) -> BackendUnavailable | None:
+    def refusal(self, timeout: float | None) -> BackendUnavailable | None:
         """Why a call must not go to Redis now (its failure mode answers at once), or None: the breaker is open,
         or Redis has been silent for longer than the call can wait."""
         if self._breaker is not None and not self._breaker.allow():
@@ -261,11 +229,11 @@ class RedisBackend:
                                           f"call can wait ({timeout * 1000:.0f} ms)")
         return None
 
-    def _unavailable(self, exc: BaseException) -> BackendUnavailable:
+    def unavailable(self, exc: BaseException) -> BackendUnavailable:
         """The one mapping of a storage error (STORAGE_ERRORS) to what the limiter's failure mode answers."""
-        return BackendUnavailable(f"{self.describe()}: {_reason(exc)}")
+        return BackendUnavailable(f"{self.describe()}: {reason(exc)}")
 
-    async def _decide_undoable(self, checks: Sequence[Check], clock: str | int, until: float | None) -> _Part:
+    async def decide_undoable(self, checks: Sequence[Check], clock: str | int, until: float | None) -> Part:
         """One place's ``checks`` as a request that may be undone (lua/decide.lua: -n and the holds' lifetime),
         sent before ``until`` (the event loop's time) or not at all. One Redis (or Sentinel's master): in the
         next batch, whose answer is awaited once it is sent, whatever the time (so that it can be undone); a
@@ -273,18 +241,15 @@ class RedisBackend:
         if self._router is None:
             left = None if until is None else until - asyncio.get_running_loop().time()
             part = await self._batcher.submit((checks, clock, True), left, settle=True)
-            if not isinstance(part, _Part):
-                raise TypeError("a request that may be undone is answered with a _Part")
+            if not isinstance(part, Part):
+                raise TypeError("a request that may be undone is answered with a Part")
             return part
-        keys = [c.key for c in checks]
-        args: list[str | int] = [clock, 1, -len(checks), self._hold_us]
-        for c in checks:
-            args += limit_args(c)
-        args += self._jitter()
+        keys, args = decide_args([(checks, clock, True)], self._hold_us, self._jitter())
         reply = await self._eval(keys, args, until)
-        return _read_part(reply, 0, len(checks))[0]
+        return read_part(reply, 0, len(checks))[0]
 
-    def _start_undo(self, undo: list[tuple[Check, Receipt]], clock: str | int) -> asyncio.Task[None]:
+    def start_undo(self, undo: list[tuple[Check, Receipt]], clock: str | int) -> asyncio.Task[None]:
+        """Take back what ``undo``'s receipts name, in a task that outlives the request (a failure is logged)."""
         task = asyncio.create_task(self._undo(undo, clock))
         self._undoing.add(task)
         task.add_done_callback(self._undone)
@@ -294,22 +259,18 @@ class RedisBackend:
         self._undoing.discard(task)
         failure = None if task.cancelled() else task.exception()
         if failure is not None:
-            self._undo_failed(_reason(failure))
+            self._undo_failed(reason(failure))
 
     async def _undo(self, undo: list[tuple[Check, Receipt]], clock: str | int) -> None:
         """One compensating call per slot (lua/decide.lua's undo), tried again while the cluster says CLUSTERDOWN
         or TRYAGAIN for RETRY_FOR seconds (a token bucket's hold, confirmed sooner, then gives nothing back)."""
         slots: dict[int, list[tuple[Check, Receipt]]] = {}
         for item in undo:
-            slots.setdefault(self._slot(item[0].key), []).append(item)
+            slots.setdefault(self.slot(item[0].key), []).append(item)
         calls = []
         until = asyncio.get_running_loop().time() + RETRY_FOR
         for items in slots.values():
-            args: list[str | int] = [clock, "undo", len(items)]
-            for c, (r1, r2) in items:
-                args += (c.algorithm.value, *c.params(), r1, r2)
-            args += self._jitter()
-            calls.append(self._eval([c.key for c, _ in items], args, until))
+            calls.append(self._eval(*undo_args(items, clock, self._jitter()), until))
         for result in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(result, BaseException):
                 raise result
@@ -318,41 +279,36 @@ class RedisBackend:
         """The script's trailing arguments for EXPIRATION_JITTER_MAX_SECONDS: none when it is 0."""
         return (self._jitter_ms, self._rng.getrandbits(31)) if self._jitter_ms else ()
 
-    def _slot(self, key: str) -> int:
+    @property
+    def timeout(self) -> float:
+        """Seconds one decision may take (REDIS_TIMEOUT)."""
+        return self._timeout
+
+    def slot(self, key: str) -> int:
+        """``key``'s hash slot on a cluster; 0 elsewhere (one Redis decides every key in one call)."""
         return 0 if self._router is None else self._router.slot(key)
 
-    async def _decide_many(self, requests: list[_Request], *,
-                           told: ResponseError | None = None) -> list[Decision | _Part | Unconfirmed]:
+    async def _decide_many(self, requests: list[Request], *,
+                           told: ResponseError | None = None) -> list[Decision | Part | Unconfirmed]:
         """One answer per request (its checks, its clock, whether it may be undone), in order: a Decision, or a
-        _Part for a request that may be undone; one script call for each run of requests with the same clock (so
+        Part for a request that may be undone; one script call for each run of requests with the same clock (so
         one in production, where Redis's clock decides). With REDIS_WAIT_REPLICAS, a request admitted with hits
         that did not reach the replicas in time gets an Unconfirmed instead. ``told``: the error reply (NOSCRIPT or
         READONLY) a first send of these requests got (_replied), so nothing ran."""
-        answers: list[Decision | _Part | Unconfirmed] = []
+        answers: list[Decision | Part | Unconfirmed] = []
         for _, run in itertools.groupby(requests, key=lambda r: r[1]):
             batch = list(run)
-            keys, args = self._script_args(batch)
+            keys, args = decide_args(batch, self._hold_us, self._jitter())
             unconfirmed = None
             try:
                 reply = await self._eval(keys, args, told=told)
             except Unconfirmed as exc:
                 reply, unconfirmed = exc.reply, exc
-            answers += _read_answers(batch, reply, unconfirmed)
+            answers += read_answers(batch, reply, unconfirmed)
         return answers
 
-    def _script_args(self, requests: Sequence[_Request]) -> tuple[list[str], list[str | int]]:
-        """The keys and arguments of one script call (lua/decide.lua) deciding ``requests``, all of one clock."""
-        keys: list[str] = []
-        args: list[str | int] = [requests[0][1], len(requests)]
-        for checks, _, undoable in requests:
-            args += (-len(checks), self._hold_us) if undoable else (len(checks),)
-            for c in checks:
-                keys.append(c.key)
-                args += limit_args(c)
-        args += self._jitter()
-        return keys, args
 
-    def _start_many(self, requests: list[_Request], flight: Flight[Decision | _Part]) -> bool:
+    def _start_many(self, requests: list[Request], flight: Flight[Decision | Part]) -> bool:
         """The common case of ``_decide_many``, without a task: the batch's script call written at once on an idle
         connection, its answers told to ``flight`` by ``_replied`` as soon as the reply is read (the Batcher cuts it
         off by closing the connection). False when that is not the case, and ``_decide_many`` sends the batch: no
@@ -373,8 +329,8 @@ class RedisBackend:
         if len(requests) == 1 and clock == "" and not self._jitter_ms:
             packed = self._lone_call(requests[0])
         else:
-            keys, args = self._script_args(requests)
-            packed = _pack(self._script_call(keys, args))
+            keys, args = decide_args(requests, self._hold_us, self._jitter())
+            packed = pack(self._script_call(keys, args))
         asking = next(self._asking)
         self._asked[asking] = time.monotonic()
         self._started[asking] = self._started_loop = loop
@@ -386,7 +342,7 @@ class RedisBackend:
         connection.send(packed, partial(self._replied, requests, connection, flight, asking))
         return True
 
-    def _lone_call(self, request: _Request) -> bytes:
+    def _lone_call(self, request: Request) -> bytes:
         """The packed script call deciding ``request`` alone, with Redis's clock and no jitter. A request that goes
         to Redis alone (under gRPC load nearly every one: a call finds a place free and nothing waiting) is the
         same call every time, and building and packing its arguments again cost a call about 10 µs: kept on its
@@ -396,8 +352,8 @@ class RedisBackend:
         kept = checks.packed if type(checks) is Checks and not undoable else None
         if kept is not None and kept[0] is self:
             return kept[1]
-        keys, args = self._script_args([request])
-        packed = _pack(self._script_call(keys, args))
+        keys, args = decide_args([request], self._hold_us, self._jitter())
+        packed = pack(self._script_call(keys, args))
         if type(checks) is Checks and not undoable:
             checks.packed = (self, packed)
         return packed
@@ -419,7 +375,7 @@ class RedisBackend:
                 self._asked.pop(asking, None)
                 self._permits.give()
 
-    def _replied(self, requests: list[_Request], connection: WireConnection, flight: Flight[Decision | _Part],
+    def _replied(self, requests: list[Request], connection: WireConnection, flight: Flight[Decision | Part],
                  asking: int, replies: list[Any] | None, error: Exception | None) -> None:
         """The reply to a script call ``_start_many`` wrote (or the connection failed): ``flight``'s answers."""
         del self._started[asking]
@@ -447,15 +403,15 @@ class RedisBackend:
                 flight.landed(reply)
             return
         try:
-            # a request sent alone (under load nearly every call) read without _read_answers' loop
-            answers = ([_read_decision(reply, 0, len(requests[0][0]))] if len(requests) == 1 and not requests[0][2]
-                       else _read_answers(requests, reply, None))
+            # a request sent alone (under load nearly every call) read without read_answers' loop
+            answers = ([read_decision(reply, 0, len(requests[0][0]))] if len(requests) == 1 and not requests[0][2]
+                       else read_answers(requests, reply, None))
         except Exception as exc:  # a reply not of the script's shape: the callers hear of it, as from _decide_many
             flight.landed(exc)
         else:
             flight.landed(answers)
 
-    def _send_again(self, requests: list[_Request], flight: Flight[Decision | _Part], reply: ResponseError,
+    def _send_again(self, requests: list[Request], flight: Flight[Decision | Part], reply: ResponseError,
                     connection: WireConnection) -> None:
         """Nothing ran (see the module docstring): ``requests`` sent again the general way, with EVAL, or to the
         master the Sentinels name now (the once more: a second READONLY fails the batch, as in _execute)."""
@@ -470,17 +426,15 @@ class RedisBackend:
         # back may be another batch's now
         flight.cut = again.cancel
 
-    async def _decided(self, requests: list[_Request]) -> list[Decision]:
-        """``_decide_many`` of requests that cannot be undone, where none can be unconfirmed (a cluster, or hits
+    async def decide_given(self, checks: Sequence[Check], clock: str | int) -> Decision:
+        """``checks`` in one call that cannot be undone, where none can be unconfirmed (a cluster slot's, or hits
         given back: they never admit with hits)."""
-        decisions = []
-        for answer in await self._decide_many(requests):
-            if isinstance(answer, Unconfirmed):
-                raise answer
-            if not isinstance(answer, Decision):
-                raise TypeError("a request that cannot be undone is answered with a Decision")
-            decisions.append(answer)
-        return decisions
+        [answer] = await self._decide_many([(checks, clock, False)])
+        if isinstance(answer, Unconfirmed):
+            raise answer
+        if not isinstance(answer, Decision):
+            raise TypeError("a request that cannot be undone is answered with a Decision")
+        return answer
 
     async def _eval(self, keys: list[str], args: list[str | int], until: float | None = None, *,
                     told: ResponseError | None = None) -> list[int]:
@@ -533,7 +487,7 @@ class RedisBackend:
                 raise
             except STORAGE_ERRORS as exc:
                 # redis-py's Cluster client does not say whether the connection was new: counted
-                self._failed(_reason(exc))
+                self._failed(reason(exc))
                 raise
             self._answered()
             return reply
@@ -562,12 +516,12 @@ class RedisBackend:
                 connection = await self._connect()
             except STORAGE_ERRORS as exc:
                 if script:
-                    self._failed(_reason(exc))  # no connection to be had: evidence that Redis is failing
+                    self._failed(reason(exc))  # no connection to be had: evidence that Redis is failing
                 raise
         waits = script and bool(self._wait_replicas)
         try:
             # bounded by the batch's timeout (the Batcher cuts a batch off by cancelling it)
-            replies = await connection.call(_pack(command) + self._wait if waits else _pack(command), 1 + waits)
+            replies = await connection.call(pack(command) + self._wait if waits else pack(command), 1 + waits)
         except BaseException:
             # cut off or broken mid-call (a killed connection fails its calls, but says nothing of Redis): a late
             # reply must never be read as the next call's
@@ -644,8 +598,8 @@ class RedisBackend:
                 return
             except STORAGE_ERRORS as exc:
                 if attempt == 1:
-                    self._failed(f"ping: {_reason(exc)}")
-                    raise self._unavailable(exc) from exc
+                    self._failed(f"ping: {reason(exc)}")
+                    raise self.unavailable(exc) from exc
 
     async def _check_replicas(self) -> None:
         """Raise BackendUnavailable (no evidence for the breaker: Redis answers) when the master has fewer
@@ -707,163 +661,6 @@ class RedisBackend:
             await self._master.close()
         await self._client.aclose()
 
-
-def limit_args(c: Check) -> tuple[str | int, ...]:
-    """A limit's arguments of lua/decide.lua: algorithm, its three parameters, hits, mode (for tools that write
-    limits with the script themselves, as bench/scale.py does)."""
-    return (c.algorithm.value, *c.params(), c.clamped_hits(), 2 if c.quota else int(c.shadow))
-
-
-def _places(checks: Sequence[Check], side: Callable[[Check], RedisBackend]) -> list[Place]:
-    """``checks`` grouped by where one script call decides them: the Redis ``side`` names for each, and on a
-    cluster its hash slot (first-seen order)."""
-    places: dict[tuple[int, int], Place] = {}
-    for i, c in enumerate(checks):
-        backend = side(c)
-        place = places.setdefault((id(backend), backend._slot(c.key)), (backend, []))
-        place[1].append(i)
-    return list(places.values())
-
-
-async def decide_spanning(checks: Sequence[Check], side: Callable[[Check], RedisBackend], now_us: int | None,
-                          timeout: float | None, name: str) -> Decision:
-    """``checks`` kept in several Redis (``side`` names each one's), all-or-nothing as on one: see
-    ``_decide_across``. ``name`` describes them together in errors. Raises BackendUnavailable (a Redis whose
-    breaker is open, or that has been silent too long, fails the request at once), DeadlineExceeded when
-    ``timeout`` (shorter than the backends' own) ran out."""
-    backends = list({id(b): b for b in map(side, checks)}.values())
-    # a Redis that fails at once (its breaker open, or silent too long) fails its places, not the request: the
-    # live one may still reject it, and a rejection must not be lost to the failure mode
-    refused = {id(b): r for b in backends if (r := b._refusal(timeout)) is not None}
-    if len(refused) == len(backends):
-        raise next(iter(refused.values()))
-    clock: str | int = "" if now_us is None else now_us
-    own = max(b._timeout for b in backends)
-    caller_first = timeout is not None and timeout < own
-    bound = timeout if timeout is not None and caller_first else own
-    try:
-        async with asyncio.timeout(bound) as scope:
-            return await _decide_across(checks, _places(checks, side), side, clock, scope, refused)
-    except STORAGE_ERRORS as exc:  # a TimeoutError: _decide_across says which Redis failed otherwise
-        if caller_first and isinstance(exc, TimeoutError):
-            raise DeadlineExceeded(f"{name}: the caller's deadline ({timeout:.3f} s) ran out") from exc
-        raise BackendUnavailable(f"{name}: {_reason(exc)}") from exc
-
-
-async def _decide_across(checks: Sequence[Check], places: list[Place], side: Callable[[Check], RedisBackend],
-                         clock: str | int, scope: asyncio.Timeout,
-                         refused: Mapping[int, BackendUnavailable] | None = None) -> Decision:
-    """``checks`` spanning several places (cluster slots, or Redis: see ``_places``), all-or-nothing: every place
-    decides its checks so that it can be undone; when one rejects (or fails), the places that admitted are
-    undone. Hits given back wait until every place has admitted (they never reject, and taking them again would
-    not be exact). A place that rejects decides the request even when another fails (the failure mode must not
-    admit what a limit refused); when a place fails and none rejects, raises its error (BackendUnavailable naming
-    its Redis, or a TimeoutError), after undoing the others. A caller that stops waiting does not stop the undo:
-    the places' answers are settled when they come. ``refused``: by id, the Redis that fail at once (not asked)."""
-    giving = [i for i, c in enumerate(checks) if c.hits < 0]
-    if len(giving) == len(checks):  # nothing can reject
-        return await _decide_in_places(checks, places, clock)
-    # a check-only shadow stands in for each give-back: the limit as it stands, never a rejection
-    first = [c._replace(hits=0, shadow=True) if c.hits < 0 else c for c in checks]
-    # quota limits may span places: each place evaluates them as shadows, and _settle applies the quota rule to
-    # them all
-    sent = [c._replace(shadow=True, quota=False) if c.quota else c for c in first]
-    # shielded from the caller's deadline, so that what they did is settled; bounded by it all the same (a place's
-    # call not sent by then is not sent at all, and counts as failed)
-    until = scope.when()
-    calls = asyncio.gather(*(_failed(refused[id(backend)]) if refused and id(backend) in refused
-                             else backend._decide_undoable([sent[i] for i in group], clock, until)
-                             for backend, group in places), return_exceptions=True)
-    try:
-        parts = await asyncio.shield(calls)
-    except asyncio.CancelledError:
-        calls.add_done_callback(partial(_settle_late, checks, first, places, clock))
-        raise
-    admitted, outcomes, undo, decided = _settle(checks, first, places, parts)
-    if undo:
-        await _give_back(undo, clock, scope)
-    if not decided:
-        for (backend, _), part in zip(places, parts, strict=True):
-            if isinstance(part, BaseException):
-                if isinstance(part, STORAGE_ERRORS) and not isinstance(part, TimeoutError):
-                    raise backend._unavailable(part) from part
-                raise part
-    if admitted and giving:
-        given = [checks[i] for i in giving]
-        given_back = await _decide_in_places(given, _places(given, side), clock)
-        for i, outcome in zip(giving, given_back.outcomes, strict=True):
-            outcomes[i] = outcome
-    return Decision(admitted, outcomes)
-
-
-async def _decide_in_places(checks: Sequence[Check], places: list[Place], clock: str | int) -> Decision:
-    """``checks`` that cannot reject (give-backs), one call per place."""
-    decisions = await asyncio.gather(*(backend._decided([([checks[i] for i in group], clock, False)])
-                                       for backend, group in places))
-    outcomes: list[Outcome] = [Outcome(False, 0, 0)] * len(checks)
-    for (_, group), [decision] in zip(places, decisions, strict=True):
-        for i, outcome in zip(group, decision.outcomes, strict=True):
-            outcomes[i] = outcome
-    return Decision(all(d.admitted for [d] in decisions), outcomes)
-
-
-async def _failed(error: BackendUnavailable) -> _Part:
-    """A place of a Redis that fails at once: its answer is ``error``, without a call."""
-    raise error
-
-
-def _settle_late(checks: Sequence[Check], first: list[Check], places: list[Place], clock: str | int,
-                 calls: asyncio.Future[list[_Part | BaseException]]) -> None:
-    """The places of a request whose caller stopped waiting have answered: undo them unless all admitted."""
-    if calls.cancelled():
-        return
-    _, _, undo, _ = _settle(checks, first, places, calls.result())
-    for backend, items in undo.items():
-        backend._start_undo(items, clock)
-
-
-async def _give_back(undo: Undo, clock: str | int, scope: asyncio.Timeout) -> None:
-    """Undo what ``undo``'s receipts name, waiting for it while the request's time lasts; a compensating call
-    still running then goes on without it, one that fails is logged (its hits stay counted)."""
-    tasks = {backend._start_undo(items, clock) for backend, items in undo.items()}
-    deadline = scope.when()
-    left = None if deadline is None else deadline - asyncio.get_running_loop().time() - 0.002
-    if left is None or left > 0:
-        await asyncio.wait(tasks, timeout=left)
-
-
-def _read_answers(requests: Sequence[_Request], reply: list[int],
-                  unconfirmed: Unconfirmed | None) -> list[Decision | _Part | Unconfirmed]:
-    """Each request's answer in ``reply`` (lua/decide.lua: admitted and three values a limit, or a _Part for one
-    that may be undone); ``unconfirmed`` instead for a request admitted with hits, when the writes did not reach
-    REDIS_WAIT_REPLICAS replicas."""
-    answers: list[Decision | _Part | Unconfirmed] = []
-    at = 0
-    for checks, _, undoable in requests:
-        answer: Decision | _Part
-        if undoable:
-            answer, at = _read_part(reply, at, len(checks))
-            decision = answer.decision
-        else:
-            answer = decision = _read_decision(reply, at, len(checks))
-            at += 1 + 3 * len(checks)
-        # admitted with hits that a failover would lose
-        if unconfirmed is not None and decision.admitted and any(c.hits > 0 for c in checks):
-            answers.append(unconfirmed)
-        else:
-            answers.append(answer)
-    return answers
-
-
-def _read_decision(reply: list[int], at: int, n: int) -> Decision:
-    """The decision of a request of ``n`` limits starting at ``reply[at]`` (lua/decide.lua: admitted, then three
-    values a limit), read positionally: keywords cost each of a call's outcomes their parsing."""
-    if n == 1:  # most requests: without the comprehension's range and frame
-        return Decision(bool(reply[at]), [Outcome(bool(reply[at + 1]), int(reply[at + 2]), int(reply[at + 3]))])
-    return Decision(bool(reply[at]), [Outcome(bool(reply[i]), int(reply[i + 1]), int(reply[i + 2]))
-                                      for i in range(at + 1, at + 1 + 3 * n, 3)])
-
-
 def _land(flight: Flight[Any], done: asyncio.Future[Any]) -> None:
     """What ``done`` (a batch sent again) came to, told to ``flight``."""
     if done.cancelled():
@@ -872,72 +669,3 @@ def _land(flight: Flight[Any], done: asyncio.Future[Any]) -> None:
         flight.landed(error)
     else:
         flight.landed(done.result())
-
-
-def _read_part(reply: list[int], at: int, n: int) -> tuple[_Part, int]:
-    """The answer to a request of ``n`` limits that may be undone, starting at ``reply[at]`` (lua/decide.lua:
-    admitted, then seven values a limit), and where the next answer starts."""
-    outcomes, unchanged, receipts = [], [], []
-    for i in range(at + 1, at + 1 + 7 * n, 7):
-        over, remaining, reset, before, before_reset, r1, r2 = (int(x) for x in reply[i:i + 7])
-        outcomes.append(Outcome(bool(over), remaining, reset))
-        unchanged.append(Outcome(False, before, before_reset))
-        receipts.append((r1, r2) if r1 >= 0 else None)
-    return _Part(Decision(bool(reply[at]), outcomes), unchanged, receipts), at + 1 + 7 * n
-
-
-def _settle(checks: Sequence[Check], first: Sequence[Check], places: list[Place],
-            parts: list[_Part | BaseException]) -> tuple[bool, list[Outcome], Undo, bool]:
-    """What the places' answers (``parts``, one per place of ``first``: ``checks`` with each give-back a check)
-    make of a request: whether it is admitted, an Outcome per check, what to undo in each Redis (the receipts
-    of the places that admitted, when the request is not admitted), and whether the answers decide the request
-    whatever the places that failed would have said (it is admitted, or rejected by what did answer)."""
-    # backends.base.admits on the request's own checks, as Lua and the memory backend apply it: a give-back
-    # (its stand-in a check-only shadow) is never over, and a quota give-back is a quota limit not over
-    over = [False] * len(checks)
-    answered = [False] * len(checks)
-    for (_, group), part in zip(places, parts, strict=True):
-        if isinstance(part, _Part):
-            for i, outcome in zip(group, part.decision.outcomes, strict=True):
-                over[i], answered[i] = outcome.over and checks[i].hits >= 0, True
-    failed = not all(answered)
-    admitted = not failed and admits(checks, over)
-    quota = [i for i, c in enumerate(checks) if c.quota]
-    decided = not failed or any(isinstance(p, _Part) and not p.decision.admitted for p in parts) or (
-        bool(quota) and all(answered[i] and over[i] for i in quota))
-    outcomes: list[Outcome] = [Outcome(False, 0, 0)] * len(checks)
-    undo: Undo = {}
-    for (backend, group), part in zip(places, parts, strict=True):
-        if not isinstance(part, _Part):
-            continue
-        taken_back = set()
-        if not admitted and part.decision.admitted:
-            for i, receipt in zip(group, part.receipts, strict=True):
-                if receipt is not None:
-                    undo.setdefault(backend, []).append((first[i], receipt))
-                    taken_back.add(first[i].key)
-        for i, outcome, unchanged in zip(group, part.decision.outcomes, part.unchanged, strict=True):
-            # a give-back, or hits taken back: the limit as if this request had not come
-            outcomes[i] = unchanged if checks[i].hits < 0 or (first[i].key in taken_back and not outcome.over) \
-                else outcome
-    return admitted, outcomes, undo, decided
-
-
-def _pack(command: tuple[str | int, ...]) -> bytes:
-    """``command`` in the Redis protocol, packed by hiredis (redis-py's asyncio packer is pure Python and
-    costs more than the round trip's own system calls); text that came from request bytes which are not
-    UTF-8 goes back to those bytes."""
-    args: Any = command  # its stubs declare a one-element tuple
-    try:
-        packed: bytes = hiredis.pack_command(args)
-    except UnicodeEncodeError:  # only text from bytes that were not UTF-8: the rest is packed as it is
-        args = tuple(a.encode("utf-8", "surrogateescape") if isinstance(a, str) else a for a in command)
-        packed = hiredis.pack_command(args)
-    return packed
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, AuthenticationError) and ("HELLO must be called" in str(exc) or "NOAUTH" in str(exc)):
-        # Redis's own words for a missing password name a command the operator never sent
-        return f"{type(exc).__name__}: Redis wants a password and none was given (set REDIS_AUTH)"
-    return f"{type(exc).__name__}: {exc}" if str(exc) else f"{type(exc).__name__} (no answer in time)"
