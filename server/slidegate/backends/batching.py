@@ -163,13 +163,15 @@ class Batcher(Generic[Item, Result]):
         flight = None
         try:
             if self._start is not None:
-                flight = (Flight if len(batch) > 1 else Lone)(self, loop, batch, expired, heavy)
+                back = partial(self._sent, loop, heavy, expired)
+                flight = Flight(back, batch, expired) if len(batch) > 1 else Lone(
+                    partial(self._lone_sent, id(batch[0][1]), back), batch, expired)
                 if not self._start([item for item, _, _ in batch] if items is None else items, flight):
                     flight = None
         except Exception as exc:  # as from ``send``: its callers hear of it, and its place is free again
             if flight is not None:
                 flight.abandon()  # whatever ``start`` did with it before it raised: its place is given back here
-            self._failed(batch, expired, exc)
+            _fail(batch, expired, exc)
             self._in_flight -= 1
             self._heavy_in_flight = self._heavy_in_flight and not heavy
             return None
@@ -222,35 +224,18 @@ class Batcher(Generic[Item, Result]):
         try:
             results = await self._send([item for item, _, _ in batch])
         except BaseException as exc:
-            self._failed(batch, expired, exc)
+            _fail(batch, expired, exc)
             if not isinstance(exc, Exception) and not expired:
                 raise
         else:
-            self._answer(batch, results)
+            _answer(batch, results)
         finally:
             self._sent(asyncio.get_running_loop(), heavy, expired)
 
-    @staticmethod
-    def _answer(batch: list[tuple[Item, asyncio.Future[Result], int]], results: Sequence[Result | Exception]) -> None:
-        for (_, future, _), result in zip(batch, results, strict=True):
-            if future.done():
-                continue
-            if isinstance(result, Exception):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
-
-    @staticmethod
-    def _failed(batch: list[tuple[Item, asyncio.Future[Result], int]], expired: list[bool],
-                exc: BaseException) -> None:
-        # cut off at batch_timeout: for its callers, a timeout like any other
-        error = TimeoutError() if expired else exc
-        for _, future, _ in batch:
-            if not future.done():
-                if isinstance(error, asyncio.CancelledError):
-                    future.cancel()
-                else:
-                    future.set_exception(error)
+    def _lone_sent(self, key: int, back: Callable[[], None]) -> None:
+        """A Lone flight is back: its caller's deadline is forgotten with it (see ``_callers``)."""
+        self._callers.pop(key, None)
+        back()
 
     def _sent(self, loop: asyncio.AbstractEventLoop, heavy: bool, expired: list[bool]) -> None:
         """A batch is back (answered, failed or cut off): its place goes to the items waiting."""
@@ -295,15 +280,13 @@ class Flight(Generic[Result]):
     (``cancel``, as a task would be), which calls ``cut`` — what ``start`` set to stop it (close its connection)
     — and ignores what lands after."""
 
-    __slots__ = ("_batch", "_batcher", "_expired", "_heavy", "_loop", "_over", "cut")
+    __slots__ = ("_back", "_batch", "_expired", "_over", "cut")
 
-    def __init__(self, batcher: Batcher[Any, Result], loop: asyncio.AbstractEventLoop,
-                 batch: list[tuple[Any, asyncio.Future[Result], int]], expired: list[bool], heavy: bool) -> None:
-        self._batcher = batcher
-        self._loop = loop
+    def __init__(self, back: Callable[[], None], batch: list[tuple[Any, asyncio.Future[Result], int]],
+                 expired: list[bool]) -> None:
+        self._back = back  # the Batcher's: the batch's place goes to the items waiting
         self._batch = batch
         self._expired = expired
-        self._heavy = heavy
         self._over = False
         self.cut: Callable[[], object] = _nothing
 
@@ -319,11 +302,11 @@ class Flight(Generic[Result]):
         batch, self._batch = self._batch, []
         try:
             if isinstance(results, BaseException):
-                Batcher._failed(batch, self._expired, results)
+                _fail(batch, self._expired, results)
             else:
-                Batcher._answer(batch, results)
+                _answer(batch, results)
         finally:
-            self._batcher._sent(self._loop, self._heavy, self._expired)
+            self._back()
 
     def abandon(self) -> None:
         """Over without landing: what lands later is ignored, nothing is cut (its batch's place and callers are
@@ -347,15 +330,32 @@ class Flight(Generic[Result]):
 
 class Lone(Flight[Result]):
     """A Flight of one item that ``send`` sent at once (under load nearly every batch): its caller's own deadline,
-    if it has one, is kept by the Batcher until the flight lands (``Batcher._callers``)."""
+    if it has one, is kept by the Batcher until the flight lands (its ``back`` forgets it)."""
 
     __slots__ = ()
-
-    def landed(self, results: Sequence[Result | Exception] | BaseException) -> None:
-        if not self._over:
-            self._batcher._callers.pop(id(self._batch[0][1]), None)
-        super().landed(results)
 
 
 def _nothing() -> None:
     pass
+
+
+def _answer(batch: list[tuple[Item, asyncio.Future[Result], int]], results: Sequence[Result | Exception]) -> None:
+    """Each caller still waiting gets its item's result (an exception: it failed alone)."""
+    for (_, future, _), result in zip(batch, results, strict=True):
+        if future.done():
+            continue
+        if isinstance(result, Exception):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
+
+
+def _fail(batch: list[tuple[Item, asyncio.Future[Result], int]], expired: list[bool], exc: BaseException) -> None:
+    # cut off at batch_timeout: for its callers, a timeout like any other
+    error = TimeoutError() if expired else exc
+    for _, future, _ in batch:
+        if not future.done():
+            if isinstance(error, asyncio.CancelledError):
+                future.cancel()
+            else:
+                future.set_exception(error)
