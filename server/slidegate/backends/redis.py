@@ -33,7 +33,6 @@ import itertools
 import logging
 import math
 import random
-import time
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -46,7 +45,6 @@ from slidegate.algorithms import Algorithm
 from slidegate.backends.base import BackendUnavailable, Check, Checks, DeadlineExceeded, Decision
 from slidegate.backends.batching import Batcher, Flight
 from slidegate.backends.breaker import Breaker
-from slidegate.backends.deadlines import LoopWatch
 from slidegate.backends.permits import Permits
 from slidegate.backends.redis_cluster import RETRY_FOR, ClusterRouter
 from slidegate.backends.redis_connect import TlsOptions, Topology, check_url, make_client, redact
@@ -66,6 +64,7 @@ from slidegate.backends.script_codec import (
     read_part,
     undo_args,
 )
+from slidegate.backends.silence import Silence
 from slidegate.backends.spanning import decide_across, places
 from slidegate.logs import Repeated
 from slidegate.resources import lua_script
@@ -110,7 +109,6 @@ class RedisBackend:
         self._topology = target if isinstance(target, Topology) else Topology("single", target)
         self._function = function
         self._timeout = timeout
-        self._breaker = breaker
         self._jitter_ms = round(expiry_jitter * 1000)
         self._rng = rng or random.Random()
         if wait_replicas and self._topology.type == "cluster":
@@ -144,16 +142,11 @@ class RedisBackend:
         # would otherwise hold its place in flight for good; cut off, its connection is closed in _direct)
         self._batcher: Batcher[Request, Decision | Part] = Batcher(
             self._decide_many, batch_timeout=timeout,
-            on_cut_off=lambda: self._failed(f"no answer within {timeout * 1000:.0f} ms"),
+            on_cut_off=lambda: self._silence.failed(f"no answer within {timeout * 1000:.0f} ms"),
             weight=lambda request: len(request[0]), max_weight=MAX_BATCH_CHECKS, start=self._start_many)
         self._script = lua_script([a.value for a in Algorithm])
         self._sha = hashlib.sha1(self._script.encode()).hexdigest()
-        # round trips at Redis now (their start, by a number of their own) and Redis's last answer: how long it
-        # has been silent while asked
-        self._asked: dict[int, float] = {}
-        self._asking = itertools.count()
-        self._last_answer = 0.0
-        self._watch = LoopWatch(lambda: bool(self._asked))
+        self._silence = Silence(self.describe(), breaker)
         self._warm = False  # the script loaded and connections opened (by the first ping that worked)
         # a token bucket's hold waits this long for its undo (a decision and a compensating call, each within
         # the timeout), then is confirmed: an undo arriving later gives nothing back. Longer holds would cost
@@ -209,25 +202,7 @@ class RedisBackend:
     def refusal(self, timeout: float | None) -> BackendUnavailable | None:
         """Why a call must not go to Redis now (its failure mode answers at once), or None: the breaker is open,
         or Redis has been silent for longer than the call can wait."""
-        if self._breaker is not None and not self._breaker.allow():
-            return BackendUnavailable(f"{self.describe()}: failing ({self._breaker.reason}); calls fail at once "
-                                      "until Redis answers again")
-        if timeout is not None and self._asked:
-            # a call does not queue behind a Redis that has already been silent longer than the call can wait
-            # (Envoy's 20 ms): its failure mode answers at once instead of just before the deadline, when the
-            # answer may no longer make it (measured: 15% late under load with CLIENT PAUSE). Silent while this
-            # process ran, that is: an answer may be waiting unread after a pause of our own.
-            now = time.monotonic()
-            # a stall of ours shorter than the watch can tell (LoopWatch.UNSEEN) may hide in that silence
-            longest = timeout + LoopWatch.UNSEEN
-            if now - self._last_answer < longest:
-                return None  # an answer came lately (under load, nearly always): silent for less than that
-            oldest = next(iter(self._asked.values()))  # round trips are kept in the order they began
-            silent = now - max(self._last_answer, oldest, self._watch.steady_since(now))
-            if silent >= longest:
-                return BackendUnavailable(f"{self.describe()}: silent for {silent * 1000:.0f} ms, longer than the "
-                                          f"call can wait ({timeout * 1000:.0f} ms)")
-        return None
+        return self._silence.refusal(timeout)
 
     def unavailable(self, exc: BaseException) -> BackendUnavailable:
         """The one mapping of a storage error (STORAGE_ERRORS) to what the limiter's failure mode answers."""
@@ -331,10 +306,8 @@ class RedisBackend:
         else:
             keys, args = decide_args(requests, self._hold_us, self._jitter())
             packed = pack(self._script_call(keys, args))
-        asking = next(self._asking)
-        self._asked[asking] = time.monotonic()
+        asking = self._silence.ask(loop)
         self._started[asking] = self._started_loop = loop
-        self._watch.watch(loop)
         # cut off (no answer within the timeout): a late reply must never be read as the next call's. Only while
         # the reply is awaited: once it came, _replied gives the connection back (or closes it) and sets what
         # cuts the batch off then
@@ -372,14 +345,14 @@ class RedisBackend:
         for asking, loop in list(self._started.items()):
             if loop.is_closed():
                 del self._started[asking]
-                self._asked.pop(asking, None)
+                self._silence.forget(asking)
                 self._permits.give()
 
     def _replied(self, requests: list[Request], connection: WireConnection, flight: Flight[Decision | Part],
                  asking: int, replies: list[Any] | None, error: Exception | None) -> None:
         """The reply to a script call ``_start_many`` wrote (or the connection failed): ``flight``'s answers."""
         del self._started[asking]
-        del self._asked[asking]
+        self._silence.forget(asking)
         self._permits.give()
         if flight.done():
             connection.close()  # cut off (closed already, or the reply came just before: not read as the next's)
@@ -391,7 +364,7 @@ class RedisBackend:
         assert replies is not None
         reply = replies[0]
         flight.uncut()  # the connection goes back: a cut-off from now on must not close it under another batch
-        self._answered()  # an error reply too: Redis is there
+        self._silence.answered()  # an error reply too: Redis is there
         if self._closed or not self._current(connection):
             connection.close()
         else:
@@ -463,9 +436,7 @@ class RedisBackend:
 
     async def _execute(self, keys: list[str], until: float | None, *command: str | int,
                        told_readonly: bool = False) -> list[int]:
-        asking = next(self._asking)
-        self._asked[asking] = time.monotonic()
-        self._watch.watch(asyncio.get_running_loop())
+        asking = self._silence.ask(asyncio.get_running_loop())
         try:
             try:
                 return await self._round_trip(keys, command, until)
@@ -476,20 +447,20 @@ class RedisBackend:
                 # Sentinels name now (a second READONLY fails the call)
                 return await self._round_trip(keys, command, until)
         finally:
-            del self._asked[asking]
+            self._silence.forget(asking)
 
     async def _round_trip(self, keys: list[str], command: tuple[str | int, ...], until: float | None) -> list[int]:
         if self._router is not None:
             try:
                 reply: list[int] = await self._router.execute(keys[0], *command, until=until)
             except ResponseError:
-                self._answered()  # an error reply: Redis is there
+                self._silence.answered()  # an error reply: Redis is there
                 raise
             except STORAGE_ERRORS as exc:
                 # redis-py's Cluster client does not say whether the connection was new: counted
-                self._failed(reason(exc))
+                self._silence.failed(reason(exc))
                 raise
-            self._answered()
+            self._silence.answered()
             return reply
         reply, _ = await self._direct(command, script=True)
         return reply
@@ -516,7 +487,7 @@ class RedisBackend:
                 connection = await self._connect()
             except STORAGE_ERRORS as exc:
                 if script:
-                    self._failed(reason(exc))  # no connection to be had: evidence that Redis is failing
+                    self._silence.failed(reason(exc))  # no connection to be had: evidence that Redis is failing
                 raise
         waits = script and bool(self._wait_replicas)
         try:
@@ -531,7 +502,7 @@ class RedisBackend:
         reply, acked = replies[0], replies[1] if waits else 0
         error = reply if isinstance(reply, ResponseError) else acked if isinstance(acked, ResponseError) else None
         if script:
-            self._answered()  # an error reply too: Redis is there
+            self._silence.answered()  # an error reply too: Redis is there
         await self._release(connection, loop)
         if error is not None:
             if isinstance(error, ReadOnlyError) and self._master is not None:
@@ -561,14 +532,6 @@ class RedisBackend:
     def _current(self, connection: WireConnection) -> bool:
         return self._master is None or self._master.current(connection)
 
-    def _answered(self) -> None:
-        self._last_answer = time.monotonic()
-        if self._breaker is not None:
-            self._breaker.answered()
-
-    def _failed(self, reason: str) -> None:
-        if self._breaker is not None:
-            self._breaker.failed(reason)
 
     async def _release(self, connection: WireConnection, loop: asyncio.AbstractEventLoop) -> None:
         if self._closed or not self._current(connection):
@@ -598,7 +561,7 @@ class RedisBackend:
                 return
             except STORAGE_ERRORS as exc:
                 if attempt == 1:
-                    self._failed(f"ping: {reason(exc)}")
+                    self._silence.failed(f"ping: {reason(exc)}")
                     raise self.unavailable(exc) from exc
 
     async def _check_replicas(self) -> None:
@@ -648,7 +611,7 @@ class RedisBackend:
         raise ReadOnlyError("the node the Sentinels name says it is a replica")
 
     async def close(self) -> None:
-        self._watch.stop()
+        self._silence.stop()
         self._closed = True  # a call still running closes its connection itself
         if self._undoing:  # compensating calls still running: their hits would otherwise stay counted
             await asyncio.wait(set(self._undoing), timeout=self._timeout)
