@@ -38,7 +38,6 @@ from functools import partial
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import NoPermissionError, NoScriptError, ReadOnlyError, ResponseError
 
 from slidegate.algorithms import Algorithm
@@ -48,6 +47,7 @@ from slidegate.backends.breaker import Breaker
 from slidegate.backends.permits import Permits
 from slidegate.backends.redis_cluster import RETRY_FOR, ClusterRouter
 from slidegate.backends.redis_connect import TlsOptions, Topology, check_url, make_client, redact
+from slidegate.backends.redis_connections import Connections
 from slidegate.backends.redis_errors import STORAGE_ERRORS, reason
 from slidegate.backends.redis_sentinel import SentinelMaster
 from slidegate.backends.redis_wire import WireConnection
@@ -124,19 +124,17 @@ class RedisBackend:
         # redis-py's pools fail when full: waiting here keeps every node within pool_size connections
         self._permits = Permits(pool_size)
         self._router = ClusterRouter(self._client) if isinstance(self._client, RedisCluster) else None
-        # one Redis: connections of our own between calls (redis-py's Sentinel and Cluster clients follow
-        # failovers and redirects inside execute_command, so those keep it)
-        self._pool = None
-        if self._topology.type == "single" and not isinstance(self._client, RedisCluster):
-            self._pool = self._client.connection_pool
-        # Sentinel: connections of our own too, to the master it names, followed as it moves
+        self._silence = Silence(self.describe(), breaker)
+        # one Redis, or Sentinel's master: connections of our own between calls (redis-py's Cluster client follows
+        # redirects inside execute_command, so a cluster keeps its)
         self._master: SentinelMaster | None = None
-        if self._topology.type == "sentinel" and not isinstance(self._client, RedisCluster):
-            self._master = SentinelMaster(self._client)
-        self._role_refused = False  # an ACL without ROLE: the Sentinel master's health ping is a PING
-        self._idle: list[WireConnection] = []
-        self._idle_loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
+        self._connections: Connections | None = None
+        if not isinstance(self._client, RedisCluster):
+            if self._topology.type == "sentinel":
+                self._master = SentinelMaster(self._client)
+                self._connections = Connections(self.describe(), self._silence, master=self._master)
+            else:
+                self._connections = Connections(self.describe(), self._silence, pool=self._client.connection_pool)
         # a cluster's requests span slots: only one Redis (or Sentinel's master) takes batches of requests
         # (a batch's own bound: it outlives the callers that gave up on it, and a Redis that stopped answering
         # would otherwise hold its place in flight for good; cut off, its connection is closed in _direct)
@@ -146,7 +144,6 @@ class RedisBackend:
             weight=lambda request: len(request[0]), max_weight=MAX_BATCH_CHECKS, start=self._start_many)
         self._script = lua_script([a.value for a in Algorithm])
         self._sha = hashlib.sha1(self._script.encode()).hexdigest()
-        self._silence = Silence(self.describe(), breaker)
         self._warm = False  # the script loaded and connections opened (by the first ping that worked)
         # a token bucket's hold waits this long for its undo (a decision and a compensating call, each within
         # the timeout), then is confirmed: an undo arriving later gives nothing back. Longer holds would cost
@@ -292,15 +289,16 @@ class RedisBackend:
         loop = asyncio.get_running_loop()
         if self._started and self._started_loop is not loop:
             self._forget_started()
-        if self._wait_replicas or not self._idle:
-            return False
-        connection = self._idle[-1]
         clock = requests[0][1]
-        if (self._idle_loop is not loop or connection.closed or not self._current(connection)
-                or (len(requests) > 1 and any(request[1] != clock for request in requests))
-                or not self._permits.take_now()):
+        if (self._wait_replicas or self._connections is None
+                or (len(requests) > 1 and any(request[1] != clock for request in requests))):
             return False
-        self._idle.pop()
+        connection = self._connections.take_idle(loop)
+        if connection is None:
+            return False
+        if not self._permits.take_now():
+            self._connections.keep(connection)
+            return False
         if len(requests) == 1 and clock == "" and not self._jitter_ms:
             packed = self._lone_call(requests[0])
         else:
@@ -365,10 +363,8 @@ class RedisBackend:
         reply = replies[0]
         flight.uncut()  # the connection goes back: a cut-off from now on must not close it under another batch
         self._silence.answered()  # an error reply too: Redis is there
-        if self._closed or not self._current(connection):
-            connection.close()
-        else:
-            self._idle.append(connection)
+        assert self._connections is not None  # _start_many sends on its connections only
+        self._connections.keep(connection)
         if isinstance(reply, ResponseError):
             if isinstance(reply, NoScriptError) or (isinstance(reply, ReadOnlyError) and self._master is not None):
                 self._send_again(requests, flight, reply, connection)
@@ -388,8 +384,8 @@ class RedisBackend:
                     connection: WireConnection) -> None:
         """Nothing ran (see the module docstring): ``requests`` sent again the general way, with EVAL, or to the
         master the Sentinels name now (the once more: a second READONLY fails the batch, as in _execute)."""
-        if isinstance(reply, ReadOnlyError) and self._master is not None:
-            self._master.demoted(connection)
+        if isinstance(reply, ReadOnlyError) and self._connections is not None:
+            self._connections.demoted(connection)
         again = asyncio.ensure_future(self._decide_many(requests, told=reply))
         self._resending.add(again)  # the loop keeps only weak references to tasks
         again.add_done_callback(self._resending.discard)
@@ -467,47 +463,13 @@ class RedisBackend:
 
     async def _direct(self, command: tuple[str | int, ...], *, script: bool) -> tuple[Any, WireConnection]:
         """``command``'s reply on a connection of our own to the one Redis, or to Sentinel's master, and that
-        connection (released: it tells which node answered). ``script``: a script call, followed by WAIT when
+        connection (given back: it tells which node answered). ``script``: a script call, followed by WAIT when
         wait_replicas is set, and counted for the breaker. Raises an error reply as its ResponseError."""
-        # Batches are at most two at a time (each runs to its end, whoever waits for it), so two connections do;
-        # redis-py opens them (slidegate.backends.redis_wire) and the calls skip its pool, retry, observability
-        # and stream layers, two thirds of a call's cost on the event loop.
-        loop = asyncio.get_running_loop()
-        if self._idle and self._idle_loop is not loop:
-            self._idle = []  # made on an event loop that is gone (asyncio.run after another): unusable here
-        connection = self._idle.pop() if self._idle else None
-        # after a Redis restart or CLIENT KILL it would fail a batch; to a master Sentinel no longer names, it
-        # would write where the hits are lost
-        while connection is not None and (connection.closed or not self._current(connection)):
-            connection.close()
-            connection = self._idle.pop() if self._idle else None
-        if connection is None:
-            try:
-                # Sentinel's: connected to the master in use, which it still is (nothing awaited until the send)
-                connection = await self._connect()
-            except STORAGE_ERRORS as exc:
-                if script:
-                    self._silence.failed(reason(exc))  # no connection to be had: evidence that Redis is failing
-                raise
+        if self._connections is None:
+            raise RuntimeError("a cluster's connections are redis-py's")
         waits = script and bool(self._wait_replicas)
-        try:
-            # bounded by the batch's timeout (the Batcher cuts a batch off by cancelling it)
-            replies = await connection.call(pack(command) + self._wait if waits else pack(command), 1 + waits)
-        except BaseException:
-            # cut off or broken mid-call (a killed connection fails its calls, but says nothing of Redis): a late
-            # reply must never be read as the next call's
-            connection.close()
-            raise
-        # an error reply (NOSCRIPT, READONLY; WAIT refused by a replica or an ACL): the connection is in step
-        reply, acked = replies[0], replies[1] if waits else 0
-        error = reply if isinstance(reply, ResponseError) else acked if isinstance(acked, ResponseError) else None
-        if script:
-            self._silence.answered()  # an error reply too: Redis is there
-        await self._release(connection, loop)
-        if error is not None:
-            if isinstance(error, ReadOnlyError) and self._master is not None:
-                self._master.demoted(connection)
-            raise error
+        reply, acked, connection = await self._connections.execute(command, script=script,
+                                                                   wait=self._wait if waits else b"")
         if waits and acked < self._wait_replicas:
             # the script ran and counted: not sent again, but its admissions not answered as if a failover
             # could not lose them (_decide_many)
@@ -515,34 +477,9 @@ class RedisBackend:
                                      f"replicas within {self._wait_ms} ms (REDIS_WAIT_REPLICAS)")
         return reply, connection
 
-    async def _connect(self) -> WireConnection:
-        """A new connection, connected: to the one Redis, or to the master Sentinel names."""
-        if self._master is not None:
-            return await WireConnection.take_over(await self._master.connection())
-        if self._pool is None:
-            raise RuntimeError("a cluster's connections are redis-py's")
-        connection: AbstractConnection = self._pool.make_connection()
-        try:
-            await connection.connect()
-        except BaseException:
-            await connection.disconnect(nowait=True)
-            raise
-        return await WireConnection.take_over(connection)
-
-    def _current(self, connection: WireConnection) -> bool:
-        return self._master is None or self._master.current(connection)
-
-
-    async def _release(self, connection: WireConnection, loop: asyncio.AbstractEventLoop) -> None:
-        if self._closed or not self._current(connection):
-            await connection.aclose()
-        else:
-            self._idle.append(connection)
-            self._idle_loop = loop
-
     async def ping(self) -> None:
         """Raise BackendUnavailable unless Redis (on a cluster: every master) answers PING in time (Sentinel's
-        master: ROLE, as a master, _check_master). A ping that fails is tried once more, on another connection:
+        master: ROLE, as a master, Connections.ping). A ping that fails is tried once more, on another connection:
         a killed idle connection is no sign of Redis failing, and a second failure counts for the breaker.
         Takes no place of the calls': load cannot starve it."""
         for attempt in range(2):
@@ -550,8 +487,8 @@ class RedisBackend:
                 async with asyncio.timeout(self._timeout):
                     if self._router is not None:
                         await self._router.ping()
-                    elif self._master is not None:
-                        await self._check_master()
+                    elif self._master is not None and self._connections is not None:
+                        await self._connections.ping()
                     else:
                         await self._client.ping()
                     if not self._warm:
@@ -584,45 +521,18 @@ class RedisBackend:
             await self._router.on_every_master("SCRIPT", "LOAD", self._script)
         else:
             await self._direct(("SCRIPT", "LOAD", self._script), script=False)
-            loop = asyncio.get_running_loop()
-            while len(self._idle) < 2:
-                await self._release(await self._connect(), loop)
+            if self._connections is not None:
+                await self._connections.warm(2)
         self._warm = True
-
-    async def _check_master(self) -> None:
-        """Sentinel's master answers ROLE as a master (one that says it is a replica is forgotten, and the one
-        the Sentinels name then is asked), on the connections the calls use. PING where an ACL refuses ROLE."""
-        if self._role_refused:
-            await self._direct(("PING",), script=False)
-            return
-        for _ in range(2):
-            try:
-                role, connection = await self._direct(("ROLE",), script=False)
-            except NoPermissionError:
-                log.warning("%s: ROLE is not allowed for this Redis user; the health ping cannot tell a demoted "
-                            "master (READONLY replies still do)", self.describe())
-                self._role_refused = True
-                await self._direct(("PING",), script=False)
-                return
-            if role[0] in (b"master", "master"):
-                return
-            if self._master is not None:
-                self._master.demoted(connection)  # the next connection asks the Sentinels
-        raise ReadOnlyError("the node the Sentinels name says it is a replica")
 
     async def close(self) -> None:
         self._silence.stop()
-        self._closed = True  # a call still running closes its connection itself
         if self._undoing:  # compensating calls still running: their hits would otherwise stay counted
             await asyncio.wait(set(self._undoing), timeout=self._timeout)
-        if self._idle_loop is not asyncio.get_running_loop():
-            self._idle = []  # their loop is gone, and their sockets with it
-        for connection in self._idle:
-            await connection.aclose()
-        self._idle.clear()
-        if self._master is not None:
-            await self._master.close()
+        if self._connections is not None:
+            await self._connections.close()
         await self._client.aclose()
+
 
 def _land(flight: Flight[Any], done: asyncio.Future[Any]) -> None:
     """What ``done`` (a batch sent again) came to, told to ``flight``."""
