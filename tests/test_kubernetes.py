@@ -177,7 +177,7 @@ def test_the_envoy_gateway_example_names_slidegates_image() -> None:
     assert image.rsplit("/", 1)[-1].startswith("slidegate:")
     # Envoy Gateway passes this on as REDIS_URL with REDIS_SOCKET_TYPE=tcp: slidegate reads that form
     url = config["rateLimit"]["backend"]["redis"]["url"]
-    assert Settings.load({"REDIS_URL": url, "REDIS_SOCKET_TYPE": "tcp"}).redis_url == f"redis://{url}"
+    assert Settings.load({"REDIS_URL": url, "REDIS_SOCKET_TYPE": "tcp"}).redis.url == f"redis://{url}"
     assert "GRPC_SERVER_TLS_CA_CERT" in UNREAD  # which Envoy Gateway sets too
 
 

@@ -247,12 +247,12 @@ def test_the_settings_of_the_per_second_redis() -> None:
     main Redis's settings (src/redis/cache_impl.go builds the second client from them)."""
     loaded = Settings.load({"REDIS_PERSECOND": "true", "REDIS_PERSECOND_URL": "rps.internal:6380",
                             "REDIS_PERSECOND_TYPE": "SINGLE", "REDIS_PERSECOND_POOL_SIZE": "10"})
-    assert (loaded.redis_persecond_url, loaded.redis_persecond_pool_size) == ("redis://rps.internal:6380", 10)
+    assert (loaded.persecond_redis.url, loaded.persecond_redis.pool_size) == ("redis://rps.internal:6380", 10)
     unix = Settings.load({"REDIS_PERSECOND": "true", "REDIS_PERSECOND_URL": "/run/rps.sock",
                           "REDIS_PERSECOND_SOCKET_TYPE": "unix"})
-    assert unix.redis_persecond_url == "unix:///run/rps.sock"
+    assert unix.persecond_redis.url == "unix:///run/rps.sock"
     assert Settings.load({"REDIS_PERSECOND_TYPE": "cluster", "REDIS_PERSECOND": "true",
-                          "REDIS_PERSECOND_URL": "a:1,b:2"}).redis_persecond_url == "a:1,b:2"
+                          "REDIS_PERSECOND_URL": "a:1,b:2"}).persecond_redis.url == "a:1,b:2"
     for environ, message in [
         ({"REDIS_PERSECOND": "true"}, "REDIS_PERSECOND needs --redis-persecond-url / REDIS_PERSECOND_URL"),
         ({"REDIS_PERSECOND": "true", "REDIS_PERSECOND_URL": "foo://x"},

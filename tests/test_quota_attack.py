@@ -407,7 +407,7 @@ def _holders_left(app: Application) -> list[str]:
         ledgers = storage.ledgers()
     else:
         prefix = app.settings.cache_key_prefix
-        client = redis.Redis.from_url(app.settings.redis_url, decode_responses=True)
+        client = redis.Redis.from_url(app.settings.redis.url, decode_responses=True)
         try:
             ledgers = {str(k): {str(n): str(v) for n, v in client.hgetall(k).items()}
                        for k in client.scan_iter(match=f"{prefix}*:quota:*", count=1000)}

@@ -101,7 +101,7 @@ def test_environment_variables_and_the_log(write_config: Callable[..., Path], re
 
 def test_defaults_and_precedence() -> None:
     defaults = Settings.load({})
-    assert (defaults.grpc_port, defaults.redis_url, defaults.http_port, defaults.debug_port) == (
+    assert (defaults.grpc_port, defaults.redis.url, defaults.http_port, defaults.debug_port) == (
         8081, "redis://127.0.0.1:6379/0", 8080, 6070)
     assert defaults.config_path == Path("/srv/runtime_data/current/config")
     env = {"GRPC_PORT": "9000", "RUNTIME_ROOT": "/r", "RUNTIME_SUBDIRECTORY": "s", "SHADOW_MODE": "TRUE"}
@@ -120,15 +120,15 @@ def test_defaults_and_precedence() -> None:
 
 def test_envoyproxy_ratelimit_values_carry_over() -> None:
     # its REDIS_URL is host:port (or a socket path with REDIS_SOCKET_TYPE=unix), its LOG_LEVEL logrus's names
-    assert Settings.load({"REDIS_URL": "redis.internal:6380"}).redis_url == "redis://redis.internal:6380"
-    assert Settings.load({"REDIS_URL": "/run/redis.sock", "REDIS_SOCKET_TYPE": "unix"}).redis_url == (
+    assert Settings.load({"REDIS_URL": "redis.internal:6380"}).redis.url == "redis://redis.internal:6380"
+    assert Settings.load({"REDIS_URL": "/run/redis.sock", "REDIS_SOCKET_TYPE": "unix"}).redis.url == (
         "unix:///run/redis.sock")
-    relative = Settings.load({"REDIS_URL": "redis.sock", "REDIS_SOCKET_TYPE": "unix"}).redis_url
+    relative = Settings.load({"REDIS_URL": "redis.sock", "REDIS_SOCKET_TYPE": "unix"}).redis.url
     assert relative == f"unix://{Path.cwd() / 'redis.sock'}"
     with pytest.raises(SettingsError, match="names no socket path"):
         Settings.load({"REDIS_URL": "unix://redis.sock"})  # the name is taken for a host
-    assert Settings.load({"REDIS_URL": "rediss://r:6380"}).redis_url == "rediss://r:6380"
-    assert Settings.load({"REDIS_TYPE": "cluster", "REDIS_URL": "a:1,b:2"}).redis_url == "a:1,b:2"
+    assert Settings.load({"REDIS_URL": "rediss://r:6380"}).redis.url == "rediss://r:6380"
+    assert Settings.load({"REDIS_TYPE": "cluster", "REDIS_URL": "a:1,b:2"}).redis.url == "a:1,b:2"
     assert [Settings.load({"LOG_LEVEL": level}).log_level for level in ("WARN", "trace", "Info", "panic")] == [
         "warning", "debug", "info", "error"]
     with pytest.raises(SettingsError, match="'loud' is not one of debug, info, warn"):

@@ -530,7 +530,7 @@ async def test_a_wrong_topology_is_unavailable_and_gets_the_failure_mode(topolog
 
 def test_topology_urls_are_accepted() -> None:
     sentinel = Settings.load({"REDIS_TYPE": "SENTINEL", "REDIS_URL": "mymaster,[::1]:26379,s2:26380"})
-    assert sentinel.redis_type == "sentinel"
-    assert (Topology("sentinel", sentinel.redis_url).describe()
+    assert sentinel.redis.type == "sentinel"
+    assert (Topology("sentinel", sentinel.redis.url).describe()
             == "redis master 'mymaster' via sentinel [::1]:26379,s2:26380")
     assert Topology("cluster", "n1:7000, n2:7001").describe() == "redis cluster via n1:7000,n2:7001"

@@ -23,6 +23,7 @@ from slidegate.metrics import Metrics
 from slidegate.quotas.ledger import SLACK_MS
 from slidegate.quotas.service import QuotaService
 from slidegate.quotas.storage import MemoryQuotas, QuotaStorage, RedisQuotas
+from slidegate.redis_target import RedisTarget, RedisType
 from slidegate.reload import ConfigHolder
 from slidegate.request import RequestPolicy
 from slidegate.service import AnswerOptions, RateLimitService
@@ -92,8 +93,7 @@ def make_quota_storage(settings: Settings) -> QuotaStorage:
     # a report is rare, so it may wait longer than a decision; but the ledger allows its answer SLACK_MS to reach
     # Envoy, and a script that ran just before its call timed out counts from when it ran
     timeout = min(settings.redis_timeout * 4, SLACK_MS / 2000)
-    return RedisQuotas(_topology(settings, settings.redis_type, settings.redis_url, settings.redis_tls,
-                                 settings.redis_auth, settings.redis_sentinel_auth), timeout=timeout)
+    return RedisQuotas(_topology(settings, settings.redis), timeout=timeout)
 
 
 def make_statsd_sink(settings: Settings, store: StatsStore, environ: Mapping[str, str]) -> StatsdSink | None:
@@ -121,19 +121,15 @@ def make_backend(settings: Settings, traced: Callable[[Backend, str], Backend] |
         file = getattr(settings, name)
         if file and not Path(file).is_file():
             raise ValueError(f"{name.upper()}: no such file {file!r}")
-    main = _redis(settings, settings.redis_type, settings.redis_url, settings.redis_tls, settings.redis_auth,
-                  settings.redis_sentinel_auth, settings.redis_pool_size, settings.redis_wait_replicas)
+    main = _redis(settings, settings.redis, settings.redis_wait_replicas)
     backend: Backend = main
     if settings.redis_persecond:
         # REDIS_WAIT_REPLICAS is the main Redis's: a per-second Redis is often a lone node, and a failover loses
         # at most a second's worth of counts there
-        backend = PerSecondBackend(main, _redis(
-            settings, settings.redis_persecond_type, settings.redis_persecond_url, settings.redis_persecond_tls,
-            settings.redis_persecond_auth, settings.redis_persecond_sentinel_auth,
-            settings.redis_persecond_pool_size, 0))
+        backend = PerSecondBackend(main, _redis(settings, settings.persecond_redis, 0))
     if traced is not None:
-        backend = traced(backend, f"redis {settings.redis_type}" + (
-            f", per second: redis {settings.redis_persecond_type}" if settings.redis_persecond else ""))
+        backend = traced(backend, f"redis {settings.redis.type}" + (
+            f", per second: redis {settings.persecond_redis.type}" if settings.redis_persecond else ""))
     if not settings.local_cache_size_in_bytes:
         return backend
     # the cache: a request that can only be rejected costs no round trip (one cache for both Redis of
@@ -141,27 +137,27 @@ def make_backend(settings: Settings, traced: Callable[[Backend, str], Backend] |
     return OverLimitCache(backend, max_bytes=settings.local_cache_size_in_bytes)
 
 
-def _redis(settings: Settings, redis_type: str, url: str, use_tls: bool, auth: str, sentinel_auth: str,
-           pool_size: int, wait_replicas: int) -> RedisBackend:
+def _redis(settings: Settings, target: RedisTarget, wait_replicas: int) -> RedisBackend:
     """One Redis: the main one (REDIS_*) or the per-second one (REDIS_PERSECOND_*), which share the TLS files,
     the timeout and the expiry jitter, as in envoyproxy/ratelimit."""
-    topology = _topology(settings, redis_type, url, use_tls, auth, sentinel_auth)
+    topology = _topology(settings, target)
     # the breaker, one per Redis: a dead Redis costs microseconds per call, not a timeout each, and only to the
     # calls that need it
-    return RedisBackend(topology, timeout=settings.redis_timeout, pool_size=pool_size, breaker=Breaker(),
+    return RedisBackend(topology, timeout=settings.redis_timeout, pool_size=target.pool_size, breaker=Breaker(),
                         wait_replicas=wait_replicas, wait_timeout=settings.redis_wait_timeout,
                         expiry_jitter=settings.expiration_jitter_max_seconds)
 
 
-def _topology(settings: Settings, redis_type: str, url: str, use_tls: bool, auth: str, sentinel_auth: str) -> Topology:
+def _topology(settings: Settings, target: RedisTarget) -> Topology:
     """Where one Redis is, with its TLS files and credentials."""
-    if redis_type == "single" and use_tls and url.startswith("redis://"):
+    url = target.url
+    if target.type is RedisType.SINGLE and target.tls and url.startswith("redis://"):
         url = "rediss://" + url.removeprefix("redis://")
     tls = None
-    if use_tls or url.startswith("rediss://"):
+    if target.tls or url.startswith("rediss://"):
         tls = TlsOptions(settings.redis_tls_cacert, settings.redis_tls_client_cert, settings.redis_tls_client_key,
                          check_hostname=not settings.redis_tls_skip_hostname_verification)
-    return Topology(redis_type, url, tls=tls, auth=_auth(auth), sentinel_auth=_auth(sentinel_auth))
+    return Topology(target.type, url, tls=tls, auth=_auth(target.auth), sentinel_auth=_auth(target.sentinel_auth))
 
 
 def _auth(text: str) -> tuple[str | None, str] | None:

@@ -127,7 +127,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
     if source is not None and not settings.force_start_without_initial_config:
         # as envoyproxy/ratelimit: no listener until there is a config to answer with
         log.info("waiting for the first config from the xDS server %s before listening",
-                 settings.config_grpc_xds_server_url)
+                 settings.xds.server_url)
         first = asyncio.create_task(source.first.wait())
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait((first, stopping), return_when=asyncio.FIRST_COMPLETED)
@@ -192,7 +192,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
             tasks.append(asyncio.create_task(_watch_files(settings, app.load_options, holder, app.metrics, stop)))
         heap.started()  # before the health check says serving
         config = holder.current
-        origin = (f"the xDS server {settings.config_grpc_xds_server_url}" + (
+        origin = (f"the xDS server {settings.xds.server_url}" + (
             f" (version {config.version})" if config.loaded else " (none yet: calls are refused until it comes)")
                   if source is not None else str(directory))
         log.info(

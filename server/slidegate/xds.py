@@ -47,34 +47,34 @@ class InvalidResponse(Exception):
 def backoff(failures: int, settings: Settings, draw: Callable[[], float] = random.random) -> float:
     """Seconds to wait before redialling after ``failures`` streams in a row that brought nothing: the initial
     interval doubled each time up to the most, then (with jitter) drawn within the random factor either way."""
-    wait: float = min(settings.xds_client_backoff_initial_interval * 2 ** min(failures, 32),
-                      settings.xds_client_backoff_max_interval)
-    if settings.xds_client_backoff_jitter:
-        wait *= 1 + settings.xds_client_backoff_random_factor * (2 * draw() - 1)
+    wait: float = min(settings.xds.backoff_initial_interval * 2 ** min(failures, 32),
+                      settings.xds.backoff_max_interval)
+    if settings.xds.backoff_jitter:
+        wait *= 1 + settings.xds.backoff_random_factor * (2 * draw() - 1)
     return wait
 
 
 def node(settings: Settings) -> base_pb2.Node:
     """The node the requests name: CONFIG_GRPC_XDS_NODE_ID and CONFIG_GRPC_XDS_NODE_METADATA (string values)."""
     metadata = struct_pb2.Struct()
-    for key, value in settings.config_grpc_xds_node_metadata:
+    for key, value in settings.xds.node_metadata:
         metadata.fields[key].string_value = value
-    return base_pb2.Node(id=settings.config_grpc_xds_node_id, metadata=metadata, user_agent_name="slidegate")
+    return base_pb2.Node(id=settings.xds.node_id, metadata=metadata, user_agent_name="slidegate")
 
 
 def channel_credentials(settings: Settings) -> grpc.ChannelCredentials:
     """TLS to the xDS server: CONFIG_GRPC_XDS_SERVER_TLS_CACERT added to the system's CAs (as the reference adds
     it), and the client certificate for mutual TLS. Raises OSError when a file cannot be read."""
     roots = None
-    if settings.config_grpc_xds_server_tls_cacert:
+    if settings.xds.server_tls_cacert:
         system = ssl.get_default_verify_paths().cafile
-        roots = Path(settings.config_grpc_xds_server_tls_cacert).read_bytes()
+        roots = Path(settings.xds.server_tls_cacert).read_bytes()
         if system and Path(system).is_file():
             roots = Path(system).read_bytes() + b"\n" + roots
     key = chain = None
-    if settings.config_grpc_xds_client_tls_cert:
-        chain = Path(settings.config_grpc_xds_client_tls_cert).read_bytes()
-        key = Path(settings.config_grpc_xds_client_tls_key).read_bytes()
+    if settings.xds.client_tls_cert:
+        chain = Path(settings.xds.client_tls_cert).read_bytes()
+        key = Path(settings.xds.client_tls_key).read_bytes()
     return grpc.ssl_channel_credentials(root_certificates=roots, private_key=key, certificate_chain=chain)
 
 
@@ -110,25 +110,25 @@ class XdsConfigSource:
         self._answered = False  # the stream in progress has brought a response
 
     def _channel(self) -> grpc.aio.Channel:
-        target = self._settings.config_grpc_xds_server_url
+        target = self._settings.xds.server_url
         # keepalive pings: a server that went away without a word (a partition, a node gone) ends the stream
         # instead of leaving it open and the limits silently stale
         options: list[tuple[str, str | int]] = [("grpc.keepalive_time_ms", KEEPALIVE_MS),
                                                 ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
                                                 ("grpc.keepalive_permit_without_calls", 1)]
-        if self._settings.xds_client_max_msg_size_in_bytes:
-            options.append(("grpc.max_receive_message_length", self._settings.xds_client_max_msg_size_in_bytes))
-        if not self._settings.config_grpc_xds_server_use_tls:
+        if self._settings.xds.max_msg_size_in_bytes:
+            options.append(("grpc.max_receive_message_length", self._settings.xds.max_msg_size_in_bytes))
+        if not self._settings.xds.server_use_tls:
             return grpc.aio.insecure_channel(target, options=options)
-        if self._settings.config_grpc_xds_server_tls_san:
+        if self._settings.xds.server_tls_san:
             # the certificate is checked for this name, not the URL's host (a server reached by address)
-            options.append(("grpc.ssl_target_name_override", self._settings.config_grpc_xds_server_tls_san))
+            options.append(("grpc.ssl_target_name_override", self._settings.xds.server_tls_san))
         return grpc.aio.secure_channel(target, channel_credentials(self._settings), options=options)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow the server until ``stop`` is set: stream, and redial after a backoff whenever the stream ends."""
         failures = 0
-        url = self._settings.config_grpc_xds_server_url
+        url = self._settings.xds.server_url
         while not stop.is_set():
             self._answered = False
             stream = asyncio.create_task(self._stream())
@@ -163,10 +163,10 @@ class XdsConfigSource:
         channel = self._channel()
         try:
             stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel)
-            call = stub.StreamAggregatedResources(metadata=self._settings.config_grpc_xds_client_additional_headers)
+            call = stub.StreamAggregatedResources(metadata=self._settings.xds.additional_headers)
             # no version: whatever the server holds, it sends its whole set to a new stream
             await call.write(discovery_pb2.DiscoveryRequest(node=self._node, type_url=TYPE_URL))
-            log.info("xDS server %s: stream open, asking for %s", self._settings.config_grpc_xds_server_url, TYPE_URL)
+            log.info("xDS server %s: stream open, asking for %s", self._settings.xds.server_url, TYPE_URL)
             while True:
                 response = await call.read()
                 if response is grpc.aio.EOF:  # type: ignore[attr-defined]  # grpc-stubs lacks it
