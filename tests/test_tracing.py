@@ -211,5 +211,5 @@ def test_tracing_settings_are_checked(variable: str, value: str) -> None:
     with pytest.raises(SettingsError, match=variable):
         Settings.load({variable: value})
     settings = Settings.load({})
-    assert (settings.tracing_enabled, settings.tracing_service_name, settings.tracing_exporter_protocol,
-            settings.tracing_sampling_rate) == (False, "RateLimit", "http", 1.0)
+    assert (settings.tracing.enabled, settings.tracing.service_name, settings.tracing.exporter_protocol,
+            settings.tracing.sampling_rate) == (False, "RateLimit", "http", 1.0)

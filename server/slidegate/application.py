@@ -23,10 +23,11 @@ from slidegate.metrics import Metrics
 from slidegate.quotas.ledger import SLACK_MS
 from slidegate.quotas.service import QuotaService
 from slidegate.quotas.storage import MemoryQuotas, QuotaStorage, RedisQuotas
-from slidegate.redis_target import RedisTarget, RedisType
+from slidegate.redis_target import HashTag, RedisTarget, RedisType
 from slidegate.reload import ConfigHolder
 from slidegate.request import RequestPolicy
 from slidegate.service import AnswerOptions, RateLimitService
+from slidegate.setting_parsers import BackendType
 from slidegate.settings import Settings
 from slidegate.stats import StatsStore
 from slidegate.statsd import LineFormat, StatsdSink, Transport, mogrifiers_from_env
@@ -73,7 +74,7 @@ def build(settings: Settings, *, clock: Callable[[], int] | None = None, heap: H
         stop_when_over=settings.stop_cache_key_increment_when_overlimit, shadow_mode=settings.shadow_mode,
         quota_mode=settings.quota_mode,
         failure_mode=settings.failure_mode, local_replicas=settings.local_limit_replicas,
-        domain_slot=settings.redis_hash_tag == "domain",
+        domain_slot=settings.redis_hash_tag is HashTag.DOMAIN,
     ), clock=clock)
     service = RateLimitService(limiter, AnswerOptions(
         dynamic_metadata=settings.response_dynamic_metadata, headers=settings.response_headers,
@@ -88,7 +89,7 @@ def build(settings: Settings, *, clock: Callable[[], int] | None = None, heap: H
 def make_quota_storage(settings: Settings) -> QuotaStorage:
     """Where the quota ledgers live: the main Redis (whatever REDIS_PERSECOND says: a ledger is one key), or
     this process's memory."""
-    if settings.backend_type == "memory":
+    if settings.backend_type is BackendType.MEMORY:
         return MemoryQuotas()
     # a report is rare, so it may wait longer than a decision; but the ledger allows its answer SLACK_MS to reach
     # Envoy, and a script that ran just before its call timed out counts from when it ran
@@ -115,7 +116,7 @@ def make_backend(settings: Settings, traced: Callable[[Backend, str], Backend] |
     """The storage backend the settings ask for; ``traced`` wraps the storage itself (below the over-limit
     cache, whose answers are no storage call), given its kind (slidegate.tracing). Raises ValueError for a
     malformed Redis URL or a TLS file that does not exist."""
-    if settings.backend_type == "memory":
+    if settings.backend_type is BackendType.MEMORY:
         return traced(MemoryBackend(), "memory") if traced is not None else MemoryBackend()
     for name in ("redis_tls_cacert", "redis_tls_client_cert", "redis_tls_client_key"):
         file = getattr(settings, name)

@@ -33,6 +33,13 @@ class SocketType(enum.StrEnum):
     UNIX = "unix"
 
 
+class HashTag(enum.StrEnum):
+    """REDIS_HASH_TAG: what shares a Redis Cluster slot."""
+
+    LIMIT = "limit"  # each limit its own slot
+    DOMAIN = "domain"  # a whole domain one slot
+
+
 @dataclass(frozen=True, slots=True)
 class RedisTarget:
     """Where one Redis is and how it is reached; its settings' names follow the section's prefix (REDIS_ or

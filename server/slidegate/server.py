@@ -242,7 +242,7 @@ def start_tracing(settings: Settings) -> Tracing | None:
     """The tracing TRACING_ENABLED asks for, None when off. slidegate.tracing is loaded only then: it imports
     the OpenTelemetry SDK (the optional extra ``tracing``), which a process without tracing does without.
     Raises ImportError without the extra (`slidegate serve` checks it first, see ``tracing_missing``)."""
-    if not settings.tracing_enabled:
+    if not settings.tracing.enabled:
         return None
     tracing: Tracing = importlib.import_module("slidegate.tracing").Tracing(settings)
     return tracing
@@ -250,7 +250,7 @@ def start_tracing(settings: Settings) -> Tracing | None:
 
 def tracing_missing(settings: Settings) -> str | None:
     """Why tracing cannot start (the extra is not installed), None when it can or is off."""
-    if not settings.tracing_enabled:
+    if not settings.tracing.enabled:
         return None
     try:
         importlib.import_module("slidegate.tracing")

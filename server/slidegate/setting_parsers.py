@@ -4,6 +4,7 @@ value, or raises ValueError saying what is wrong, which Settings.load reports wi
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Callable
 from enum import StrEnum
@@ -180,22 +181,33 @@ def parse_header_name(text: str) -> str:
     return name
 
 
-def parse_backend_type(text: str) -> str:
+class BackendType(enum.StrEnum):
+    """BACKEND_TYPE: where the counts are kept."""
+
+    REDIS = "redis"  # shared by every replica
+    MEMORY = "memory"  # this process only
+
+
+def parse_backend_type(text: str) -> BackendType:
     if text.strip().lower() == "memcache":
         raise ValueError("memcache (envoyproxy/ratelimit's) is not offered: memcached cannot decide several limits "
                          "at once, atomically (it runs no scripts); use redis")
-    return choice("redis", "memory")(text)
+    return BackendType(choice(*BackendType)(text))
 
 
-CONFIG_TYPES = ("FILE", "GRPC_XDS_SOTW")
+class ConfigType(enum.StrEnum):
+    """CONFIG_TYPE: where the limits come from."""
+
+    FILE = "FILE"  # the YAML files of the config directory
+    GRPC_XDS_SOTW = "GRPC_XDS_SOTW"  # an xDS server's state of the world
 
 
-def parse_config_type(text: str) -> str:
+def parse_config_type(text: str) -> ConfigType:
     upper = text.strip().upper()
-    if upper not in CONFIG_TYPES:
-        raise ValueError(f"{text!r} is not one of {', '.join(CONFIG_TYPES)} (YAML files in the config directory, or "
+    if upper not in set(ConfigType):
+        raise ValueError(f"{text!r} is not one of {', '.join(ConfigType)} (YAML files in the config directory, or "
                          "an xDS server's state of the world)")
-    return upper
+    return ConfigType(upper)
 
 
 def parse_node_metadata(text: str) -> tuple[tuple[str, str], ...]:

@@ -10,6 +10,7 @@ docs/configuration.md's settings table lists them all and a test keeps it equal 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +20,10 @@ from slidegate.algorithms import Algorithm
 from slidegate.cache_sizes import DEFAULT_MAX_BYTES, ENTRY_BYTES
 from slidegate.failure_modes import FailureMode
 from slidegate.headers import HeaderNames, ResponseHeaders
-from slidegate.redis_target import RedisTarget, RedisType
+from slidegate.redis_target import HashTag, RedisTarget, RedisType
 from slidegate.setting_parsers import (
-    choice,
+    BackendType,
+    ConfigType,
     duration_text,
     enum_choice,
     parse_backend_type,
@@ -40,7 +42,6 @@ from slidegate.setting_parsers import (
     parse_port,
     parse_positive_int,
     parse_ratio,
-    parse_sampling_rate,
     parse_settle,
     parse_timeout,
     parse_url_path,
@@ -49,12 +50,20 @@ from slidegate.setting_parsers import (
 )
 from slidegate.setting_spec import SettingsError, Spec, assemble, section, setting, specs
 from slidegate.statsd import Transport, parse_pairs
+from slidegate.tracing_settings import TracingSettings
 from slidegate.xds_settings import XdsClientSettings
 
 __all__ = ["DEFAULT_MAX_RECV_MSG_SIZE", "SPECS", "Settings", "SettingsError", "Spec"]
 
 DEFAULT_MAX_RECV_MSG_SIZE = 4 * 1024 * 1024  # bytes: gRPC's own default, as envoyproxy/ratelimit's
 MAX_WORKERS = 128  # each worker is a whole Python process (~70 MB)
+
+
+class LogFormat(enum.StrEnum):
+    """LOG_FORMAT."""
+
+    TEXT = "text"
+    JSON = "json"  # a JSON object a line
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +85,12 @@ class Settings:
     config_settle_time: float = setting("CONFIG_SETTLE_TIME", "500ms", parse_settle,
         "a changed config file is loaded once no config file has changed for this long (0: at once), so that "
         "one written in parts never loads half written (a finished file renamed into place is always whole)")
-    backend_type: str = setting("BACKEND_TYPE", "redis", parse_backend_type,
+    backend_type: BackendType = setting(  # noqa: RUF009 - setting() is a dataclasses.field
+        "BACKEND_TYPE", "redis", parse_backend_type,
         "redis (shared by every replica) or memory (this process only)", flag="--backend")
     redis: RedisTarget = section(RedisTarget, "REDIS_")  # noqa: RUF009 - section() is a dataclasses.field
-    redis_hash_tag: str = setting("REDIS_HASH_TAG", "limit", choice("limit", "domain"),
+    redis_hash_tag: HashTag = setting(  # noqa: RUF009 - setting() is a dataclasses.field
+        "REDIS_HASH_TAG", "limit", enum_choice(HashTag),
         "what shares a Redis Cluster slot: limit (each limit its own; a request spanning slots is one call "
         "per slot, undone where it admitted when another rejects) or domain (a whole domain in one slot: every "
         "request one call)")
@@ -161,7 +172,8 @@ class Settings:
     log_level: str = setting("LOG_LEVEL", "info", parse_log_level,
         "debug, info, warn or error (envoyproxy/ratelimit's trace, fatal and panic too); debug logs one line "
         "per decision")
-    log_format: str = setting("LOG_FORMAT", "text", choice("text", "json"), "text or JSON lines")
+    log_format: LogFormat = setting(  # noqa: RUF009 - setting() is a dataclasses.field
+        "LOG_FORMAT", "text", enum_choice(LogFormat), "text or JSON lines")
     cache_key_prefix: str = setting("CACHE_KEY_PREFIX", "", str, "prefix of every Redis key")
     default_algorithm: Algorithm = setting(  # noqa: RUF009 - setting() is a dataclasses.field
         "DEFAULT_ALGORITHM", Algorithm.SLIDING_WINDOW_LOG.value, enum_choice(Algorithm),
@@ -235,31 +247,20 @@ class Settings:
     healthy_with_at_least_one_config_loaded: bool = setting(
         "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "false", parse_bool,
         "not serving (health checks) while no config file has loaded a domain")
-    config_type: str = setting("CONFIG_TYPE", "FILE", parse_config_type,
+    config_type: ConfigType = setting(  # noqa: RUF009 - setting() is a dataclasses.field
+        "CONFIG_TYPE", "FILE", parse_config_type,
         "where the limits come from: FILE, the YAML files of the config directory; GRPC_XDS_SOTW, an xDS server "
         "(ADS, state of the world) at CONFIG_GRPC_XDS_SERVER_URL")
     force_start_without_initial_config: bool = setting("FORCE_START_WITHOUT_INITIAL_CONFIG", "false", parse_bool,
         "GRPC_XDS_SOTW: listen before the first config came (every call is refused until it does); false: wait "
         "for it")
     xds: XdsClientSettings = section(XdsClientSettings, "")  # noqa: RUF009 - section() is a dataclasses.field
-    tracing_enabled: bool = setting("TRACING_ENABLED", "false", parse_bool,
-        "export OpenTelemetry spans (a span per ShouldRateLimit call, a child per storage call) over OTLP to "
-        "OTEL_EXPORTER_OTLP_ENDPOINT; needs the tracing extra (pip install -e '.[tracing]' in a checkout)")
-    tracing_service_name: str = setting("TRACING_SERVICE_NAME", "RateLimit", str,
-        "the spans' service.name")
-    tracing_service_namespace: str = setting("TRACING_SERVICE_NAMESPACE", "", str,
-        "the spans' service.namespace")
-    tracing_service_instance_id: str = setting("TRACING_SERVICE_INSTANCE_ID", "", str,
-        "the spans' service.instance.id; empty: a random UUID for each process")
-    tracing_exporter_protocol: str = setting("TRACING_EXPORTER_PROTOCOL", "http",
-        choice("http", "grpc"), "OTLP over http (protobuf) or grpc")
-    tracing_sampling_rate: float = setting("TRACING_SAMPLING_RATE", "1", parse_sampling_rate,
-        "the share of traces started here that are sampled, 0 to 1; a caller's traceparent decides for its own")
+    tracing: TracingSettings = section(TracingSettings, "TRACING_")  # noqa: RUF009 - section() is a dataclasses.field
 
     @property
     def uses_xds(self) -> bool:
         """Whether the limits come from an xDS server (CONFIG_TYPE=GRPC_XDS_SOTW), not from files."""
-        return self.config_type == "GRPC_XDS_SOTW"
+        return self.config_type is ConfigType.GRPC_XDS_SOTW
 
     @property
     def statsd_enabled(self) -> bool:
@@ -360,17 +361,17 @@ class Settings:
                                 "--grpc-client-tls-cacert / GRPC_CLIENT_TLS_CACERT")
 
     def _check_redis(self) -> None:
-        if self.backend_type == "redis":
+        if self.backend_type is BackendType.REDIS:
             _check_target(self.redis, "redis_url")
         if self.redis_persecond:
-            if self.backend_type != "redis":
+            if self.backend_type is not BackendType.REDIS:
                 raise SettingsError("invalid settings:\n  --redis-persecond / REDIS_PERSECOND needs "
                                     "--backend / BACKEND_TYPE=redis")
             if not self.persecond_redis.url.strip():
                 raise SettingsError("invalid settings:\n  --redis-persecond / REDIS_PERSECOND needs "
                                     "--redis-persecond-url / REDIS_PERSECOND_URL (the Redis of the per-second limits)")
             _check_target(self.persecond_redis, "redis_persecond_url")
-        if self.redis_wait_replicas and self.backend_type == "redis":
+        if self.redis_wait_replicas and self.backend_type is BackendType.REDIS:
             if self.redis.type is RedisType.CLUSTER:
                 raise SettingsError("invalid settings:\n  --redis-wait-replicas / REDIS_WAIT_REPLICAS is not offered "
                                     "with REDIS_TYPE=cluster (only single and sentinel)")
@@ -388,7 +389,7 @@ class Settings:
                                 f"{MAX_WORKERS}; one worker per core is the most that helps")
         if self.workers <= 1:
             return
-        if self.backend_type == "memory":
+        if self.backend_type is BackendType.MEMORY:
             raise SettingsError("invalid settings:\n  --workers / WORKERS above 1 needs the Redis backend: the "
                                 "memory backend's limits would be split between the processes")
         ports = {"--grpc-port / GRPC_PORT": self.grpc_port, "--http-port / PORT": self.http_port,

@@ -32,6 +32,7 @@ from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate.backends.base import Backend, Check, Decision
 from slidegate.service import METHOD, Context, Prepared, RateLimitService
 from slidegate.settings import Settings
+from slidegate.tracing_settings import ExporterProtocol
 
 # the RPC semantic conventions' span name: package.Service/Method
 SERVER_SPAN = METHOD.removeprefix("/")
@@ -45,22 +46,22 @@ class Tracing:
 
     def __init__(self, settings: Settings) -> None:
         # as the reference: without an instance id each process gets its own, so that replicas stay apart
-        self.instance_id = settings.tracing_service_instance_id or str(uuid.uuid4())
+        self.instance_id = settings.tracing.service_instance_id or str(uuid.uuid4())
         resource = Resource.create({
-            "service.name": settings.tracing_service_name,
-            "service.namespace": settings.tracing_service_namespace,
+            "service.name": settings.tracing.service_name,
+            "service.namespace": settings.tracing.service_namespace,
             "service.instance.id": self.instance_id,
         })
         # a caller's sampling decision (traceparent's flag) is kept, or its trace would have holes; the rate
         # decides for traces that start here
-        sampler = ParentBased(TraceIdRatioBased(settings.tracing_sampling_rate))
+        sampler = ParentBased(TraceIdRatioBased(settings.tracing.sampling_rate))
         self.provider = TracerProvider(resource=resource, sampler=sampler)
-        exporter: SpanExporter = (GrpcSpanExporter() if settings.tracing_exporter_protocol == "grpc"
+        exporter: SpanExporter = (GrpcSpanExporter() if settings.tracing.exporter_protocol is ExporterProtocol.GRPC
                                   else HttpSpanExporter())
         # spans are sent from a thread of the SDK's, in batches: a call never waits for the collector
         self.provider.add_span_processor(BatchSpanProcessor(exporter))
         self.tracer: Tracer = self.provider.get_tracer("slidegate")
-        self.protocol = settings.tracing_exporter_protocol
+        self.protocol = settings.tracing.exporter_protocol
 
     def describe(self) -> str:
         return f"OTLP over {self.protocol}, service.instance.id {self.instance_id}"
