@@ -286,10 +286,10 @@ class Settings:
     def unused_pipelining(self) -> list[str]:
         """The REDIS_PIPELINE_* settings given a value other than 0, as ``NAME=value``: accepted and not used
         (see their help), which the start-up says."""
-        given = [(f"{prefix}PIPELINE_{name}", text) for prefix, target in (("REDIS_", self.redis),
-                                                                         ("REDIS_PERSECOND_", self.persecond_redis))
-                 for name, text in (("WINDOW", duration_text(target.pipeline_window)),
-                                    ("LIMIT", str(target.pipeline_limit)))]
+        given: list[tuple[str, str]] = []
+        for prefix, target in (("REDIS_", self.redis), ("REDIS_PERSECOND_", self.persecond_redis)):
+            given += [(f"{prefix}PIPELINE_WINDOW", duration_text(target.pipeline_window)),
+                      (f"{prefix}PIPELINE_LIMIT", str(target.pipeline_limit))]
         return [f"{name}={text}" for name, text in given if text not in ("0", "0us")]
 
     @property
