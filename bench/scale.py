@@ -41,8 +41,8 @@ from bench.run import cpu_seconds, envoy_config, private_redis, redis_pid
 from slidegate import stack
 from slidegate.algorithms import Algorithm
 from slidegate.backends.base import Check
-from slidegate.backends.blocked import DEFAULT_MAX_BYTES
 from slidegate.backends.redis import limit_args
+from slidegate.cache_sizes import DEFAULT_MAX_BYTES
 from slidegate.keys import limit_key
 from slidegate.resources import lua_script
 from slidegate.service import PREPARED_REQUESTS

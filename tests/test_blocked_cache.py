@@ -13,8 +13,9 @@ from slidegate.algorithms import Algorithm
 from slidegate.application import make_backend
 from slidegate.backends import blocked
 from slidegate.backends.base import BackendUnavailable, Check
-from slidegate.backends.blocked import ENTRY_BYTES, OverLimitCache, entry_bytes
+from slidegate.backends.blocked import OverLimitCache, entry_bytes
 from slidegate.backends.redis import RedisBackend
+from slidegate.cache_sizes import ENTRY_BYTES
 from slidegate.config import load_directory
 from slidegate.keys import limit_key
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions

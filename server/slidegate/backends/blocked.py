@@ -31,8 +31,7 @@ import time
 from collections.abc import Sequence
 
 from slidegate.backends.base import Backend, Check, Decision, Outcome
-from slidegate.cache_sizes import DEFAULT_MAX_BYTES as DEFAULT_MAX_BYTES
-from slidegate.cache_sizes import ENTRY_BYTES as ENTRY_BYTES
+from slidegate.cache_sizes import DEFAULT_MAX_BYTES, ENTRY_BYTES
 
 Params = tuple[int, int, int | None, bool]
 
