@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 
 from slidegate.algorithms import Algorithm
 from slidegate.backends.base import BackendUnavailable, Check, Checks
@@ -21,6 +22,10 @@ from slidegate.backends.batching import Batcher, Flight
 from slidegate.backends.deadlines import COMPACT_AT, GRANULARITY, Deadlines
 from slidegate.backends.permits import Permits
 from slidegate.backends.redis import RedisBackend
+from slidegate.backends.redis_connections import Connections
+from slidegate.backends.script_codec import Request, decide_args, pack, read_answers
+from slidegate.backends.silence import Silence
+from slidegate.backends.taskless import Resend, TasklessCalls
 from slidegate.config import load_directory
 from slidegate.limiter import Descriptor, Limiter, LimiterOptions
 from slidegate.resources import lua_script
@@ -548,42 +553,76 @@ def test_a_call_in_flight_when_its_event_loop_ends_leaves_no_permit_or_round_tri
     asyncio.run(backend.close())
 
 
+class Taskless:
+    """The Redis backend's task-free batches built from their public parts over one Redis (the script called by
+    its SHA, Redis's clock), with ``resend`` in place of the backend's resend the general way: a fault or a delay
+    where no outside trigger reaches. ``general`` sends a request as that resend does (EVAL, nothing kept)."""
+
+    def __init__(self, url: str, resend: Resend, timeout: float) -> None:
+        self.client = redis.asyncio.Redis.from_url(url)
+        self.silence = Silence(url, None)
+        self.connections = Connections(url, self.silence, pool=self.client.connection_pool)
+        self.script = lua_script([a.value for a in Algorithm])
+        sha = hashlib.sha1(self.script.encode()).hexdigest()
+
+        def packed(requests: list[Request]) -> bytes:
+            keys, args = decide_args(requests, 0, ())
+            return pack(("EVALSHA", sha, len(keys), *keys, *args))
+
+        async def with_a_task(requests: list[Request]) -> list[Any]:
+            raise AssertionError("every batch here is written without a task")
+
+        calls = TasklessCalls(self.connections, Permits(4), self.silence, packed, resend)
+        self.batcher: Batcher[Request, Any] = Batcher(with_a_task, batch_timeout=timeout, start=calls.start)
+
+    async def general(self, requests: list[Request]) -> list[Any]:
+        keys, args = decide_args(requests, 0, ())
+        reply, _, _ = await self.connections.execute(("EVAL", self.script, len(keys), *keys, *args), script=True)
+        return read_answers(requests, reply, None)
+
+    async def decide(self, key: str) -> Any:
+        return await self.batcher.send(([Check(key, 100, 60_000_000, 1)], "", False))
+
+    async def close(self) -> None:
+        await self.connections.close()
+        await self.client.aclose()
+
+
 async def test_a_batch_cut_off_after_noscript_does_not_close_the_connection_another_batch_now_uses(
         private_redis: RedisServer) -> None:
     # NOSCRIPT gives the connection back (in step) and the batch is sent again the general way; the batch's
     # cut-off must then close nothing of another batch's, nor leave its resend running on
-    backend = RedisBackend(private_redis.url, timeout=0.4)
-    decide_many = backend._decide_many
     resent: list[str] = []
 
-    async def slow(requests: list[Any], **kwargs: Any) -> Any:  # a resend that takes longer than the batch may
+    async def slow(requests: list[Request], told: Exception) -> list[Any]:  # longer than the batch may take
         resent.append("started")
         await asyncio.sleep(0.8)
         resent.append("sent")
-        return await decide_many(requests, **kwargs)
+        return await taskless.general(requests)
 
-    backend._decide_many = slow  # type: ignore[method-assign]
+    taskless = Taskless(private_redis.url, slow, timeout=0.4)
     with redis.Redis.from_url(private_redis.url) as admin:
         try:
-            await backend.ping()
+            await taskless.connections.warm(2)  # idle connections: the batches go without a task
             admin.script_flush()
-            first = asyncio.create_task(backend.decide([Check("noscript-a", 100, 60_000_000, 1)]))
+            first = asyncio.create_task(taskless.decide("noscript-a"))
             await asyncio.sleep(0.25)
             assert resent == ["started"]
-            admin.script_load(lua_script([a.value for a in Algorithm]))
+            admin.script_load(taskless.script)
             admin.execute_command("CLIENT", "PAUSE", 300, "ALL")  # the next batch is out when the first is cut off
-            second = await backend.decide([Check("noscript-b", 100, 60_000_000, 1)])
+            # on the connection the first gave back
+            second = await taskless.decide("noscript-b")
             assert second.admitted and second.outcomes[0].remaining == 99
-            with pytest.raises(BackendUnavailable):
+            with pytest.raises(TimeoutError):
                 await first  # cut off at 400 ms
             await asyncio.sleep(0.7)
             assert resent == ["started"]  # cut off: not sent after its callers were told it failed
             assert admin.get("noscript-a") is None
-            # nothing left "at Redis": a call with a short deadline, after a while without answers, is not failed
-            # at once as if Redis had been silent all that time
-            assert (await backend.decide([Check("noscript-c", 100, 60_000_000, 1)], timeout=0.05)).admitted
+            # nothing left "at Redis": a call with a short deadline, after a while without answers, is not
+            # refused as if Redis had been silent all that time
+            assert taskless.silence.refusal(0.05) is None
         finally:
-            await backend.close()
+            await taskless.close()
 
 
 async def test_a_flushed_script_costs_one_round_trip_more_not_two(private_redis: RedisServer) -> None:
@@ -802,28 +841,27 @@ async def test_a_batch_cut_off_after_its_reply_came_closes_no_connection_given_b
         private_redis: RedisServer) -> None:
     # NOSCRIPT gives the connection back (in step); should what follows fail before the resend can be cut off, the
     # batch's cut-off must not close that connection, which may be another batch's by then
-    backend = RedisBackend(private_redis.url, timeout=0.2)
     loop = asyncio.get_running_loop()
     reported: list[BaseException] = []
     loop.set_exception_handler(lambda _, context: reported.append(context["exception"]))
 
-    def broken(*args: Any) -> None:
+    def broken(requests: list[Request], told: Exception) -> Any:
         raise RuntimeError("a bug before the resend")
 
-    backend._send_again = broken  # type: ignore[method-assign,assignment]
+    taskless = Taskless(private_redis.url, broken, timeout=0.2)
     try:
-        await backend.ping()  # the script loaded, connections idle: the call goes without a task
+        await taskless.connections.warm(1)  # an idle connection: the call goes without a task
         with redis.Redis.from_url(private_redis.url) as admin:
             admin.script_flush()
-        with pytest.raises(BackendUnavailable):
-            await backend.decide([Check("uncut", 100, 60_000_000, 1)])  # cut off at 200 ms
+        with pytest.raises(TimeoutError):
+            await taskless.decide("uncut")  # cut off at 200 ms
         assert [type(e) for e in reported] == [RuntimeError]
         # the connection given back is still open: the next call uses it, and none is made
         made = connections_made(private_redis)
         with redis.Redis.from_url(private_redis.url) as admin:
-            admin.script_load(lua_script([a.value for a in Algorithm]))
-        assert (await backend.decide([Check("uncut", 100, 60_000_000, 1)])).admitted
+            admin.script_load(taskless.script)
+        assert (await taskless.decide("uncut")).admitted
         assert connections_made(private_redis) == made + 2  # the two counts' own and the script load's only
     finally:
         loop.set_exception_handler(None)
-        await backend.close()
+        await taskless.close()

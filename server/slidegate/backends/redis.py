@@ -34,7 +34,6 @@ import logging
 import math
 import random
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
@@ -42,7 +41,7 @@ from redis.exceptions import NoPermissionError, NoScriptError, ReadOnlyError, Re
 
 from slidegate.algorithms import Algorithm
 from slidegate.backends.base import BackendUnavailable, Check, Checks, DeadlineExceeded, Decision
-from slidegate.backends.batching import Batcher, Flight
+from slidegate.backends.batching import Batcher
 from slidegate.backends.breaker import Breaker
 from slidegate.backends.permits import Permits
 from slidegate.backends.redis_cluster import RETRY_FOR, ClusterRouter
@@ -60,12 +59,12 @@ from slidegate.backends.script_codec import (
     limit_args,
     pack,
     read_answers,
-    read_decision,
     read_part,
     undo_args,
 )
 from slidegate.backends.silence import Silence
 from slidegate.backends.spanning import decide_across, places
+from slidegate.backends.taskless import TasklessCalls
 from slidegate.logs import Repeated
 from slidegate.resources import lua_script
 
@@ -135,13 +134,19 @@ class RedisBackend:
                 self._connections = Connections(self.describe(), self._silence, master=self._master)
             else:
                 self._connections = Connections(self.describe(), self._silence, pool=self._client.connection_pool)
+        # most batches are written without a task; with REDIS_WAIT_REPLICAS each waits for its WAIT in one
+        taskless = None
+        if self._connections is not None and not wait_replicas:
+            taskless = TasklessCalls(self._connections, self._permits, self._silence, self._packed,
+                                     lambda requests, told: self._decide_many(requests, told=told))
         # a cluster's requests span slots: only one Redis (or Sentinel's master) takes batches of requests
         # (a batch's own bound: it outlives the callers that gave up on it, and a Redis that stopped answering
-        # would otherwise hold its place in flight for good; cut off, its connection is closed in _direct)
+        # would otherwise hold its place in flight for good; cut off, its connection is closed)
         self._batcher: Batcher[Request, Decision | Part] = Batcher(
             self._decide_many, batch_timeout=timeout,
             on_cut_off=lambda: self._silence.failed(f"no answer within {timeout * 1000:.0f} ms"),
-            weight=lambda request: len(request[0]), max_weight=MAX_BATCH_CHECKS, start=self._start_many)
+            weight=lambda request: len(request[0]), max_weight=MAX_BATCH_CHECKS,
+            start=None if taskless is None else taskless.start)
         self._script = lua_script([a.value for a in Algorithm])
         self._sha = hashlib.sha1(self._script.encode()).hexdigest()
         self._warm = False  # the script loaded and connections opened (by the first ping that worked)
@@ -150,11 +155,6 @@ class RedisBackend:
         # every admitted request spanning slots (several holds give back less than exact, and each is a field)
         self._hold_us = round((2 * timeout + 0.1) * 1_000_000)
         self._undoing: set[asyncio.Task[None]] = set()  # compensating calls that outlived their request
-        self._resending: set[asyncio.Future[list[Decision | Part | Unconfirmed]]] = set()  # see _send_again
-        # script calls _start_many wrote and whose reply has not been handled, by their round trip's number (each
-        # holds a permit and an entry of _asked), with their loop: once it is closed, _replied never runs for them
-        self._started: dict[int, asyncio.AbstractEventLoop] = {}
-        self._started_loop: asyncio.AbstractEventLoop | None = None  # the last call's
         self._undo_failed = Repeated(log, self.describe().replace("%", "%%") + ": a compensating call failed, so "
                                      "the hits of a rejected request stay counted on some limits until they leave "
                                      "their windows (%s)")
@@ -266,7 +266,7 @@ class RedisBackend:
         Part for a request that may be undone; one script call for each run of requests with the same clock (so
         one in production, where Redis's clock decides). With REDIS_WAIT_REPLICAS, a request admitted with hits
         that did not reach the replicas in time gets an Unconfirmed instead. ``told``: the error reply (NOSCRIPT or
-        READONLY) a first send of these requests got (_replied), so nothing ran."""
+        READONLY) a first send of these requests got (slidegate.backends.taskless), so nothing ran."""
         answers: list[Decision | Part | Unconfirmed] = []
         for _, run in itertools.groupby(requests, key=lambda r: r[1]):
             batch = list(run)
@@ -280,38 +280,12 @@ class RedisBackend:
         return answers
 
 
-    def _start_many(self, requests: list[Request], flight: Flight[Decision | Part]) -> bool:
-        """The common case of ``_decide_many``, without a task: the batch's script call written at once on an idle
-        connection, its answers told to ``flight`` by ``_replied`` as soon as the reply is read (the Batcher cuts it
-        off by closing the connection). False when that is not the case, and ``_decide_many`` sends the batch: no
-        idle connection on this loop to use (one to make, or to drop), no permit free, REDIS_WAIT_REPLICAS, or
-        several clocks in one batch (tests' clocks only)."""
-        loop = asyncio.get_running_loop()
-        if self._started and self._started_loop is not loop:
-            self._forget_started()
-        clock = requests[0][1]
-        if (self._wait_replicas or self._connections is None
-                or (len(requests) > 1 and any(request[1] != clock for request in requests))):
-            return False
-        connection = self._connections.take_idle(loop)
-        if connection is None:
-            return False
-        if not self._permits.take_now():
-            self._connections.keep(connection)
-            return False
-        if len(requests) == 1 and clock == "" and not self._jitter_ms:
-            packed = self._lone_call(requests[0])
-        else:
-            keys, args = decide_args(requests, self._hold_us, self._jitter())
-            packed = pack(self._script_call(keys, args))
-        asking = self._silence.ask(loop)
-        self._started[asking] = self._started_loop = loop
-        # cut off (no answer within the timeout): a late reply must never be read as the next call's. Only while
-        # the reply is awaited: once it came, _replied gives the connection back (or closes it) and sets what
-        # cuts the batch off then
-        flight.cut = connection.close
-        connection.send(packed, partial(self._replied, requests, connection, flight, asking))
-        return True
+    def _packed(self, requests: list[Request]) -> bytes:
+        """The packed script call deciding ``requests`` (all of one clock) in one round trip."""
+        if len(requests) == 1 and requests[0][1] == "" and not self._jitter_ms:
+            return self._lone_call(requests[0])
+        keys, args = decide_args(requests, self._hold_us, self._jitter())
+        return pack(self._script_call(keys, args))
 
     def _lone_call(self, request: Request) -> bytes:
         """The packed script call deciding ``request`` alone, with Redis's clock and no jitter. A request that goes
@@ -335,66 +309,6 @@ class RedisBackend:
             return ("FCALL", self._function, len(keys), *keys, *args)
         return ("EVALSHA", self._sha, len(keys), *keys, *args)
 
-    def _forget_started(self) -> None:
-        """The script calls _start_many wrote on an event loop that is closed (asyncio.run after another): their
-        replies will never be handled, so their permits and round trips are given up here (their connections
-        went with their loop). A loop still open (the in-process limiter's own, beside its callers') hands its
-        replies over itself."""
-        for asking, loop in list(self._started.items()):
-            if loop.is_closed():
-                del self._started[asking]
-                self._silence.forget(asking)
-                self._permits.give()
-
-    def _replied(self, requests: list[Request], connection: WireConnection, flight: Flight[Decision | Part],
-                 asking: int, replies: list[Any] | None, error: Exception | None) -> None:
-        """The reply to a script call ``_start_many`` wrote (or the connection failed): ``flight``'s answers."""
-        del self._started[asking]
-        self._silence.forget(asking)
-        self._permits.give()
-        if flight.done():
-            connection.close()  # cut off (closed already, or the reply came just before: not read as the next's)
-            return
-        if error is not None:  # the connection broke: it says nothing of Redis (see _direct)
-            connection.close()
-            flight.landed(error)
-            return
-        assert replies is not None
-        reply = replies[0]
-        flight.uncut()  # the connection goes back: a cut-off from now on must not close it under another batch
-        self._silence.answered()  # an error reply too: Redis is there
-        assert self._connections is not None  # _start_many sends on its connections only
-        self._connections.keep(connection)
-        if isinstance(reply, ResponseError):
-            if isinstance(reply, NoScriptError) or (isinstance(reply, ReadOnlyError) and self._master is not None):
-                self._send_again(requests, flight, reply, connection)
-            else:
-                flight.landed(reply)
-            return
-        try:
-            # a request sent alone (under load nearly every call) read without read_answers' loop
-            answers = ([read_decision(reply, 0, len(requests[0][0]))] if len(requests) == 1 and not requests[0][2]
-                       else read_answers(requests, reply, None))
-        except Exception as exc:  # a reply not of the script's shape: the callers hear of it, as from _decide_many
-            flight.landed(exc)
-        else:
-            flight.landed(answers)
-
-    def _send_again(self, requests: list[Request], flight: Flight[Decision | Part], reply: ResponseError,
-                    connection: WireConnection) -> None:
-        """Nothing ran (see the module docstring): ``requests`` sent again the general way, with EVAL, or to the
-        master the Sentinels name now (the once more: a second READONLY fails the batch, as in _execute)."""
-        if isinstance(reply, ReadOnlyError) and self._connections is not None:
-            self._connections.demoted(connection)
-        again = asyncio.ensure_future(self._decide_many(requests, told=reply))
-        self._resending.add(again)  # the loop keeps only weak references to tasks
-        again.add_done_callback(self._resending.discard)
-        again.add_done_callback(partial(_land, flight))
-        # the batch cut off: its resend too (as a batch sent by _decide_many is), never sent once its callers were
-        # told it failed, nor holding a permit and a round trip past the batch's bound; the connection given
-        # back may be another batch's now
-        flight.cut = again.cancel
-
     async def decide_given(self, checks: Sequence[Check], clock: str | int) -> Decision:
         """``checks`` in one call that cannot be undone, where none can be unconfirmed (a cluster slot's, or hits
         given back: they never admit with hits)."""
@@ -409,8 +323,8 @@ class RedisBackend:
                     told: ResponseError | None = None) -> list[int]:
         """The script's reply; ``until`` (the event loop's time): a call not sent by then is not sent (on a cluster,
         TimeoutError waiting for a connection, or the CLUSTERDOWN or TRYAGAIN reply that kept it back).
-        ``told``: the call was already answered (_replied) NOSCRIPT, so it goes with EVAL at once, or READONLY, so
-        it is not sent again for another."""
+        ``told``: the call was already answered (slidegate.backends.taskless) NOSCRIPT, so it goes with EVAL at
+        once, or READONLY, so it is not sent again for another."""
         if until is None:
             await self._permits.take()
         else:
@@ -532,13 +446,3 @@ class RedisBackend:
         if self._connections is not None:
             await self._connections.close()
         await self._client.aclose()
-
-
-def _land(flight: Flight[Any], done: asyncio.Future[Any]) -> None:
-    """What ``done`` (a batch sent again) came to, told to ``flight``."""
-    if done.cancelled():
-        flight.landed(asyncio.CancelledError())
-    elif (error := done.exception()) is not None:
-        flight.landed(error)
-    else:
-        flight.landed(done.result())

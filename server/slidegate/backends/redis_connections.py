@@ -39,8 +39,9 @@ class Connections:
         self._role_refused = False  # an ACL without ROLE: the Sentinel master's health ping is a PING
 
     @property
-    def closed(self) -> bool:
-        return self._closed
+    def follows_master(self) -> bool:
+        """Whether these go to the master Sentinel names (a READONLY reply then means it moved)."""
+        return self._master is not None
 
     def take_idle(self, loop: asyncio.AbstractEventLoop) -> WireConnection | None:
         """The last connection given back, when it is usable at once on ``loop`` (else None, and it stays)."""
