@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import FrameType
 
@@ -156,15 +156,10 @@ def _supervise(settings: Settings) -> int:
                     os.kill(process.pid, passed)
 
     signal.signal(signal.SIGTERM, forward)  # from the start: a SIGTERM before the workers run still cleans up
-    try:
-        metrics_dir = tempfile.mkdtemp(prefix="slidegate-metrics-", dir=writable_directory())
-    except OSError as exc:
-        raise _unwritable(writable_directory(), exc) from exc
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # read by prometheus_client when a worker imports it
+    metrics_dir = _metrics_directory()
     each = dataclasses.replace(settings, workers=1,
                                local_limit_replicas=settings.local_limit_replicas * settings.workers)
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no event loop or gRPC state copied
-    code = 0
     try:
         # Ignored signals stay ignored in a new process, until its event loop takes them over: a worker still
         # starting is not ended by a SIGHUP passed on (it loads the config anyway), nor by a terminal's Ctrl-C,
@@ -180,21 +175,7 @@ def _supervise(settings: Settings) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, forward)
         log.info("started %d workers (pids %s)", len(processes), ", ".join(str(p.pid) for p in processes))
-        while True:
-            # one look at each worker per turn: one reaped between two looks would be neither ended nor waited
-            # for (a worker not reaped yet is waited for, and its sentinel is already ready)
-            codes = [p.exitcode for p in processes]
-            first = next((p for p, c in zip(processes, codes, strict=True) if c is not None), None)
-            if first is not None and not stopping:
-                exitcode = first.exitcode or 1
-                code = 128 - exitcode if exitcode < 0 else exitcode  # killed by signal N: 128 + N, as shells say
-                log.error("worker %s (pid %s) stopped with code %s: stopping the others", first.name, first.pid,
-                          first.exitcode)
-                forward(signal.SIGTERM, None)
-            running = [p for p, c in zip(processes, codes, strict=True) if c is None]
-            if not running:
-                break
-            multiprocessing.connection.wait([p.sentinel for p in running])
+        code = _wait_for_workers(processes, lambda: stopping, lambda: forward(signal.SIGTERM, None))
     finally:
         for process in processes:
             if process.exitcode is None and process.pid is not None:
@@ -202,6 +183,39 @@ def _supervise(settings: Settings) -> int:
                 process.join()
         shutil.rmtree(metrics_dir, ignore_errors=True)
     return code
+
+
+def _metrics_directory() -> str:
+    """A new directory for the workers' metrics files, named in PROMETHEUS_MULTIPROC_DIR (read by
+    prometheus_client when a worker imports it). Raises OSError when TMPDIR cannot be written."""
+    try:
+        metrics_dir = tempfile.mkdtemp(prefix="slidegate-metrics-", dir=writable_directory())
+    except OSError as exc:
+        raise _unwritable(writable_directory(), exc) from exc
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    return metrics_dir
+
+
+def _wait_for_workers(processes: list[multiprocessing.process.BaseProcess], stopping: Callable[[], bool],
+                      stop_all: Callable[[], None]) -> int:
+    """Wait until every worker has stopped; the first to stop while not ``stopping`` makes ``stop_all`` stop the
+    others, and its code is returned (0 when none did)."""
+    code = 0
+    while True:
+        # one look at each worker per turn: one reaped between two looks would be neither ended nor waited
+        # for (a worker not reaped yet is waited for, and its sentinel is already ready)
+        codes = [p.exitcode for p in processes]
+        first = next((p for p, c in zip(processes, codes, strict=True) if c is not None), None)
+        if first is not None and not stopping():
+            exitcode = first.exitcode or 1
+            code = 128 - exitcode if exitcode < 0 else exitcode  # killed by signal N: 128 + N, as shells say
+            log.error("worker %s (pid %s) stopped with code %s: stopping the others", first.name, first.pid,
+                      first.exitcode)
+            stop_all()
+        running = [p for p, c in zip(processes, codes, strict=True) if c is None]
+        if not running:
+            return code
+        multiprocessing.connection.wait([p.sentinel for p in running])
 
 
 def _worker(settings: Settings, parent: int) -> None:
