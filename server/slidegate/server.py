@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
@@ -103,14 +104,196 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
     finish (at most DRAIN_TIMEOUT); ``reuse_port``: share the ports with the other workers. Raises ConfigError
     for an invalid config, ValueError for a malformed Redis URL and OSError when a port is taken or a TLS file
     cannot be read."""
-    heap = Heap()
-    tracing = start_tracing(settings)
-    app = build(settings, heap=heap,
-                backend=make_backend(settings, tracing.backend if tracing is not None else None))
-    sink = make_statsd_sink(settings, app.metrics.store, os.environ)
-    directory, holder, backend = settings.config_path, app.holder, app.backend
-    if not settings.uses_xds and not holder.current.domains:
-        log.warning("no domain in %s: every request will be answered OK with no limit", directory)
+    await Server(settings, reuse_port=reuse_port).serve(ready)
+
+
+class Server:
+    """`slidegate serve`'s life in three steps, as uvicorn's: ``serve`` starts what serving needs in order,
+    serves until ``stop`` is set (SIGTERM or SIGINT), and stops it all in the reverse order. Building it loads
+    the config and makes the backend (the errors of ``serve``); ``grpc_port``, ``http_port`` and ``debug_port``
+    are the bound ports once it is ready."""
+
+    def __init__(self, settings: Settings, *, reuse_port: bool = False) -> None:
+        self.settings, self.reuse_port = settings, reuse_port
+        self.stop = asyncio.Event()
+        self.grpc_port = self.http_port = self.debug_port = 0
+        self._heap = Heap()
+        self._tracing = start_tracing(settings)
+        self._app = build(settings, heap=self._heap,
+                          backend=make_backend(settings, self._tracing.backend if self._tracing is not None else None))
+        self._sink = make_statsd_sink(settings, self._app.metrics.store, os.environ)
+        if not settings.uses_xds and not self._app.holder.current.domains:
+            log.warning("no domain in %s: every request will be answered OK with no limit", settings.config_path)
+        _warn_unused_pipelining(settings)
+        self._source = (XdsConfigSource(settings, self._app.load_options, self._app.holder, self._app.metrics)
+                        if settings.uses_xds else None)
+        self._source_task: asyncio.Task[None] | None = None
+        # the sink stops after the drain, so that it sends what the last calls counted
+        self._sink_stop = asyncio.Event()
+        self._runners: list[web.AppRunner] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._metrics_at = ""
+
+    async def serve(self, ready: asyncio.Event | None = None) -> None:
+        """Start, set ``ready``, serve until ``stop``, drain and stop (see ``serve`` above)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop.set)
+        if self._source is not None:
+            self._source_task = asyncio.create_task(self._source.run(self.stop))
+        if not await self._first_config():
+            return
+        server, health = await self._start_grpc()
+        sink_task = asyncio.create_task(self._sink.run(self._sink_stop)) if self._sink is not None else None
+        try:
+            await self._start_http(health)
+            self._start_watching(health)
+            self._heap.started()  # before the health check says serving
+            self._announce()
+            if ready is not None:
+                ready.set()
+            await self.stop.wait()
+            await self._drain(server, health, sink_task)
+        finally:
+            await self._shutdown(server, sink_task)
+        log.info("stopped")
+
+    async def _first_config(self) -> bool:
+        """Wait for the xDS server's first config unless FORCE_START_WITHOUT_INITIAL_CONFIG; False (all stopped)
+        when ``stop`` came first."""
+        if self._source is None or self.settings.force_start_without_initial_config:
+            return True
+        # as envoyproxy/ratelimit: no listener until there is a config to answer with
+        log.info("waiting for the first config from the xDS server %s before listening",
+                 self.settings.xds.server_url)
+        first = asyncio.create_task(self._source.first.wait())
+        stopping = asyncio.create_task(self.stop.wait())
+        await asyncio.wait((first, stopping), return_when=asyncio.FIRST_COMPLETED)
+        first.cancel()
+        stopping.cancel()
+        if not self.stop.is_set() or self._source_task is None:
+            return True
+        await _cancel(self._source_task)
+        await self._app.backend.close()
+        await self._app.quotas.close()
+        log.info("stopped before any config came")
+        return False
+
+    async def _start_grpc(self) -> tuple[grpc.aio.Server, Health]:
+        """Listen for gRPC, and publish the health state. Raises OSError (the source stopped)."""
+        settings, app = self.settings, self._app
+        credentials = None
+        if settings.grpc_server_use_tls:
+            credentials = server_credentials(settings.grpc_server_tls_cert, settings.grpc_server_tls_key,
+                                             settings.grpc_client_tls_cacert)
+        try:
+            server, health_servicer, self.grpc_port = await start_server(
+                app.service, settings.grpc_host, settings.grpc_port, credentials, reuse_port=self.reuse_port,
+                max_message_size=settings.grpc_max_recv_msg_size, client_san=settings.grpc_client_tls_san,
+                uds=settings.grpc_uds,
+                connection_age=(settings.grpc_max_connection_age, settings.grpc_max_connection_age_grace),
+                handler=self._tracing.handler(app.service) if self._tracing is not None else None,
+                quotas=app.quotas)
+        except BaseException:
+            if self._source_task is not None:  # a port taken: the stream must not outlive the start
+                await _cancel(self._source_task)
+            raise
+        holder = app.holder
+        health = Health(health_servicer, needs_storage=app.needs_storage, config_loaded=(
+            (lambda: bool(holder.current.domains)) if settings.healthy_with_at_least_one_config_loaded
+            else (lambda: True)))
+        await health.publish()
+        return server, health
+
+    async def _start_http(self, health: Health) -> None:
+        """Listen on the HTTP port, the debug port and, with PROMETHEUS_ADDR, the metrics port."""
+        settings = self.settings
+        routes = (("json",) if settings.json_endpoint_enabled else ()) + ("healthcheck", "rlconfig") + (
+            ("metrics",) if settings.serves_prometheus else ())
+        self.http_port = await self._listen(health, routes, settings.http_host, settings.http_port)
+        # /stats: the counters by their envoyproxy/ratelimit names, as its debug port prints them
+        debug_routes = ("rlconfig", "metrics", "stats") if settings.serves_prometheus else ("rlconfig", "stats")
+        self.debug_port = await self._listen(health, debug_routes, settings.debug_host, settings.debug_port)
+        if settings.prometheus_listener is not None:
+            # PROMETHEUS_ADDR (Envoy Gateway scrapes :19001): the metrics alone, at PROMETHEUS_PATH; Go's ":port"
+            # (host "") is every address, which aiohttp binds for no host
+            host, wanted = settings.prometheus_listener
+            metrics_port = await self._listen(health, ("metrics",), host or None, wanted,
+                                              metrics_path=settings.prometheus_path)
+            self._metrics_at = f", metrics on {host}:{metrics_port}{settings.prometheus_path}"
+
+    async def _listen(self, health: Health, routes: tuple[str, ...], host: str | None, port: int,
+                      **options: str) -> int:
+        holder = self._app.holder
+        runner, bound = await start_app(make_app(self._app.service, lambda: holder.current, health, routes, **options),
+                                        host, port, reuse_port=self.reuse_port)
+        self._runners.append(runner)
+        return bound
+
+    def _start_watching(self, health: Health) -> None:
+        """Ping the storage for the health state, and follow the config's source."""
+        settings, app = self.settings, self._app
+        self._tasks.append(asyncio.create_task(health.watch_storage(app.backend, self.stop)))
+        if self._source_task is not None:
+            self._tasks.append(self._source_task)
+            # the config is the xDS server's: nothing to reload, and SIGHUP must not end the process either
+            asyncio.get_running_loop().add_signal_handler(
+                signal.SIGHUP, lambda: log.info("SIGHUP: the config comes over xDS, nothing to reload"))
+        else:
+            self._tasks.append(asyncio.create_task(
+                _watch_files(settings, app.load_options, app.holder, app.metrics, self.stop)))
+
+    def _announce(self) -> None:
+        """Log where it listens, what it serves and where its config, storage, stats and spans are."""
+        settings, config = self.settings, self._app.holder.current
+        origin = (f"the xDS server {settings.xds.server_url}" + (
+            f" (version {config.version})" if config.loaded else " (none yet: calls are refused until it comes)")
+                  if self._source is not None else str(settings.config_path))
+        log.info(
+            "listening for gRPC on %s%s, HTTP on %s:%d, debug on %s:%d%s; domains loaded: %d, limits: %d, from %s",
+            f"unix:{settings.grpc_uds}" if settings.grpc_uds else f"{settings.grpc_host}:{self.grpc_port}",
+            " (TLS)" if settings.grpc_server_use_tls else "", settings.http_host, self.http_port,
+            settings.debug_host, self.debug_port, self._metrics_at, len(config.domains), config.limit_count(), origin,
+        )
+        log.info("storage: %s", self._app.backend.describe())
+        log.info("quotas: Envoy's Rate Limit Quota Service on the same port, the limits of the same config")
+        if self._sink is not None:
+            log.info("stats: %s, counters every %g s", self._sink.describe(), settings.stats_flush_interval)
+        if self._tracing is not None:
+            log.info("tracing: %s", self._tracing.describe())
+
+    async def _drain(self, server: grpc.aio.Server, health: Health, sink_task: asyncio.Task[None] | None) -> None:
+        """Say not serving, let the calls in flight finish, send the last stats and stop the watches."""
+        log.info("shutting down: not serving; draining in-flight calls (up to %.0f s)", self.settings.drain_timeout)
+        await health.drain()
+        await server.stop(self.settings.drain_timeout)
+        if sink_task is not None:
+            self._sink_stop.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(sink_task), 3)
+        for task in self._tasks:
+            await _cancel(task)
+
+    async def _shutdown(self, server: grpc.aio.Server, sink_task: asyncio.Task[None] | None) -> None:
+        """Stop everything still running, in the reverse order of the start, drained or not."""
+        self.stop.set()
+        if self._source_task is not None:
+            await _cancel(self._source_task)
+        if sink_task is not None and not sink_task.done():
+            sink_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sink_task
+        await server.stop(0)
+        for runner in self._runners:
+            await runner.cleanup()
+        await self._app.backend.close()
+        await self._app.quotas.close()
+        if self._tracing is not None:
+            # the spans of the last calls go out; the SDK blocks while it sends them
+            await asyncio.to_thread(self._tracing.shutdown)
+
+
+def _warn_unused_pipelining(settings: Settings) -> None:
     unused = settings.unused_pipelining()
     if unused:
         # envoyproxy/ratelimit's configs carry them; ignoring them without a word would leave an operator tuning
@@ -118,124 +301,6 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None, *, reuse
         log.warning("%s: accepted and not used: slidegate sends the calls that arrive while others are at Redis "
                     "together in the next round trip, with no timer or count to tune (docs/configuration.md)",
                     ", ".join(unused))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    source = XdsConfigSource(settings, app.load_options, holder, app.metrics) if settings.uses_xds else None
-    source_task = asyncio.create_task(source.run(stop)) if source is not None else None
-    if source is not None and not settings.force_start_without_initial_config:
-        # as envoyproxy/ratelimit: no listener until there is a config to answer with
-        log.info("waiting for the first config from the xDS server %s before listening",
-                 settings.xds.server_url)
-        first = asyncio.create_task(source.first.wait())
-        stopping = asyncio.create_task(stop.wait())
-        await asyncio.wait((first, stopping), return_when=asyncio.FIRST_COMPLETED)
-        first.cancel()
-        stopping.cancel()
-        if stop.is_set() and source_task is not None:
-            await _cancel(source_task)
-            await backend.close()
-            await app.quotas.close()
-            log.info("stopped before any config came")
-            return
-    credentials = None
-    if settings.grpc_server_use_tls:
-        credentials = server_credentials(settings.grpc_server_tls_cert, settings.grpc_server_tls_key,
-                                         settings.grpc_client_tls_cacert)
-    try:
-        server, health_servicer, port = await start_server(
-            app.service, settings.grpc_host, settings.grpc_port, credentials, reuse_port=reuse_port,
-            max_message_size=settings.grpc_max_recv_msg_size, client_san=settings.grpc_client_tls_san,
-            uds=settings.grpc_uds,
-            connection_age=(settings.grpc_max_connection_age, settings.grpc_max_connection_age_grace),
-            handler=tracing.handler(app.service) if tracing is not None else None, quotas=app.quotas)
-    except BaseException:
-        if source_task is not None:  # a port taken: the stream must not outlive the start
-            await _cancel(source_task)
-        raise
-    health = Health(health_servicer, needs_storage=app.needs_storage, config_loaded=(
-        (lambda: bool(holder.current.domains)) if settings.healthy_with_at_least_one_config_loaded else (lambda: True)))
-    await health.publish()
-    runners = []
-    # the sink stops after the drain, so that it sends what the last calls counted
-    sink_stop = asyncio.Event()
-    sink_task = asyncio.create_task(sink.run(sink_stop)) if sink is not None else None
-    try:
-        routes = (("json",) if settings.json_endpoint_enabled else ()) + ("healthcheck", "rlconfig") + (
-            ("metrics",) if settings.serves_prometheus else ())
-        runner, http_port = await start_app(make_app(app.service, lambda: holder.current, health, routes),
-                                            settings.http_host, settings.http_port, reuse_port=reuse_port)
-        runners.append(runner)
-        # /stats: the counters by their envoyproxy/ratelimit names, as its debug port prints them
-        debug_routes = ("rlconfig", "metrics", "stats") if settings.serves_prometheus else ("rlconfig", "stats")
-        runner, debug_port = await start_app(make_app(app.service, lambda: holder.current, health, debug_routes),
-                                             settings.debug_host, settings.debug_port, reuse_port=reuse_port)
-        runners.append(runner)
-        metrics_at = ""
-        if settings.prometheus_listener is not None:
-            # PROMETHEUS_ADDR (Envoy Gateway scrapes :19001): the metrics alone, at PROMETHEUS_PATH; Go's ":port"
-            # (host "") is every address, which aiohttp binds for no host
-            host, wanted = settings.prometheus_listener
-            runner, metrics_port = await start_app(
-                make_app(app.service, lambda: holder.current, health, ("metrics",),
-                         metrics_path=settings.prometheus_path), host or None, wanted, reuse_port=reuse_port)
-            runners.append(runner)
-            metrics_at = f", metrics on {host}:{metrics_port}{settings.prometheus_path}"
-        tasks = [asyncio.create_task(health.watch_storage(backend, stop))]
-        if source_task is not None:
-            tasks.append(source_task)
-            # the config is the xDS server's: nothing to reload, and SIGHUP must not end the process either
-            loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP: the config comes over xDS, nothing "
-                                                                    "to reload"))
-        else:
-            tasks.append(asyncio.create_task(_watch_files(settings, app.load_options, holder, app.metrics, stop)))
-        heap.started()  # before the health check says serving
-        config = holder.current
-        origin = (f"the xDS server {settings.xds.server_url}" + (
-            f" (version {config.version})" if config.loaded else " (none yet: calls are refused until it comes)")
-                  if source is not None else str(directory))
-        log.info(
-            "listening for gRPC on %s%s, HTTP on %s:%d, debug on %s:%d%s; domains loaded: %d, limits: %d, from %s",
-            f"unix:{settings.grpc_uds}" if settings.grpc_uds else f"{settings.grpc_host}:{port}",
-            " (TLS)" if credentials else "", settings.http_host, http_port,
-            settings.debug_host, debug_port, metrics_at, len(config.domains), config.limit_count(), origin,
-        )
-        log.info("storage: %s", backend.describe())
-        log.info("quotas: Envoy's Rate Limit Quota Service on the same port, the limits of the same config")
-        if sink is not None:
-            log.info("stats: %s, counters every %g s", sink.describe(), settings.stats_flush_interval)
-        if tracing is not None:
-            log.info("tracing: %s", tracing.describe())
-        if ready is not None:
-            ready.set()
-        await stop.wait()
-        log.info("shutting down: not serving; draining in-flight calls (up to %.0f s)", settings.drain_timeout)
-        await health.drain()
-        await server.stop(settings.drain_timeout)
-        if sink_task is not None:
-            sink_stop.set()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(sink_task), 3)
-        for task in tasks:
-            await _cancel(task)
-    finally:
-        stop.set()
-        if source_task is not None:
-            await _cancel(source_task)
-        if sink_task is not None and not sink_task.done():
-            sink_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sink_task
-        await server.stop(0)
-        for runner in runners:
-            await runner.cleanup()
-        await backend.close()
-        await app.quotas.close()
-        if tracing is not None:
-            # the spans of the last calls go out; the SDK blocks while it sends them
-            await asyncio.to_thread(tracing.shutdown)
-    log.info("stopped")
 
 
 def start_tracing(settings: Settings) -> Tracing | None:
