@@ -65,11 +65,13 @@ from slidegate.application import Application, build
 from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.redis import RedisBackend, limit_args
 from slidegate.backends.redis_wire import WireConnection
+from slidegate.decider import Decision, Prepared, rejects
 from slidegate.keys import limit_key
+from slidegate.outage import OutageLog
 from slidegate.protos import rls_pb2
 from slidegate.request import Request, parse_request
 from slidegate.resources import lua_script
-from slidegate.service import OutageLog, Prepared, RateLimitService, build_response
+from slidegate.service import RateLimitService, build_response
 from slidegate.settings import Settings
 
 HERE = Path(__file__).resolve().parent
@@ -116,7 +118,7 @@ def remembering(service: RateLimitService) -> Callable[[bytes], Prepared]:
         found = prepared.get(data)
         if found is None:
             domain, descriptors = parse_request(Request.FromString(data))
-            found = prepared[data] = service.prepare(domain, descriptors, skeleton=True)
+            found = prepared[data] = service.decider.prepare(domain, descriptors, skeleton=True)
         return found
 
     return prepare
@@ -214,7 +216,7 @@ async def serve_layer(layer: str, port: int, config_root: str, redis_url: str, k
         async def handler(data: bytes, context: Any) -> rls_pb2.RateLimitResponse:
             found = prepare(data)
             statuses = await limiter.decide(found.plan)
-            return build_response(found.plan.domain, found.descriptors, statuses, skeleton=found.skeleton)
+            return build_response(Decision(found, statuses, rejects(statuses)))
     else:
         handler = service.should_rate_limit
     server = grpc.aio.server()

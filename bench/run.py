@@ -266,7 +266,8 @@ NO_PYTHON = "gRPC's core, uvloop, protobuf and the kernel (no Python frame)"
 STAGES: tuple[tuple[str, str], ...] = (
     ("the response built (protobuf)", r"^(build_response|_metadata) \(slidegate/service\.py"),
     ("metrics: counts and latencies", r"\(slidegate/(metrics|stats)\.py"),
-    ("the call: request looked up by its bytes, answer's bookkeeping", r"\(slidegate/(service|heap)\.py"),
+    ("the call: request looked up by its bytes, answer's bookkeeping",
+     r"\(slidegate/(service|decider|outage|heap)\.py"),
     ("matching and the limiter", r"\(slidegate/(limiter|keys|metric_keys|text)\.py|\(slidegate/config/"),
     ("the over-limit cache", r"\(slidegate/backends/blocked\.py"),
     ("batching", r"\(slidegate/backends/batching\.py"),

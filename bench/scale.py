@@ -43,9 +43,9 @@ from slidegate.algorithms import Algorithm
 from slidegate.backends.base import Check
 from slidegate.backends.redis import limit_args
 from slidegate.cache_sizes import DEFAULT_MAX_BYTES
+from slidegate.decider import PREPARED_REQUESTS
 from slidegate.keys import limit_key
 from slidegate.resources import lua_script
-from slidegate.service import PREPARED_REQUESTS
 
 HERE = Path(__file__).resolve().parent
 DOMAIN = "bench"

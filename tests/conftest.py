@@ -20,6 +20,7 @@ from slidegate.algorithms import Algorithm
 from slidegate.application import Application, build, make_backend
 from slidegate.backends.base import Backend, BackendUnavailable, Check, Decision
 from slidegate.protos import lenient_pb2, rls_pb2, rls_pb2_grpc
+from slidegate.request import parse_request
 from slidegate.resources import lua_script
 from slidegate.server import start_server
 from slidegate.settings import Settings
@@ -287,8 +288,8 @@ async def rls(
 
 class Decider:
     """A service built as `slidegate serve` builds it, asked without a gRPC server: a request is read as a call's
-    bytes are (RateLimitService.parse), then decided by the service, its limiter and its storage. For the rules'
-    tests; the wire contract has its own (test_service.py, test_wire.py)."""
+    bytes are (slidegate.request.parse_request), then decided by the service, its limiter and its storage. For the
+    rules' tests; the wire contract has its own (test_service.py, test_wire.py)."""
 
     def __init__(self, app: Application) -> None:
         self.app = app
@@ -297,8 +298,9 @@ class Decider:
                                 timeout: float | None = None) -> rls_pb2.RateLimitResponse:
         """The answer to ``request`` within ``timeout`` seconds (a call's deadline). Raises InvalidRequest,
         InvalidOverride and BackendUnavailable (DeadlineExceeded)."""
-        domain, descriptors = self.app.service.parse(
-            lenient_pb2.LenientRateLimitRequest.FromString(request.SerializeToString()))
+        domain, descriptors = parse_request(
+            lenient_pb2.LenientRateLimitRequest.FromString(request.SerializeToString()),
+            self.app.service.decider.policy)
         return await self.app.service.decide(domain, descriptors, request.hits_addend, timeout)
 
 

@@ -24,11 +24,12 @@ from slidegate.backends.redis import RedisBackend
 from slidegate.backends.redis_connect import Topology, make_client
 from slidegate.config import ConfigError, LoadOptions, load_directory
 from slidegate.config.describe import describe_config
+from slidegate.decider import refusal
 from slidegate.failure_modes import FailureMode
 from slidegate.health import Health
 from slidegate.limiter import ANSWER_MARGIN, Descriptor, Limiter, LimiterOptions
 from slidegate.protos import rls_pb2_grpc
-from slidegate.service import RateLimitService, refusal
+from slidegate.service import RateLimitService
 from tests.conftest import Decider
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
 from tests.redis_servers import RedisServer

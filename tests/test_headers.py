@@ -1,6 +1,6 @@
-"""The response headers (slidegate.headers) and the overall code (slidegate.service.build_response), on statuses
-made by hand: what a fractional wait becomes, and which descriptor decides; a response made from its request's
-skeleton is the one built anew."""
+"""The response headers (slidegate.headers) and the overall code (slidegate.decider.rejects, written by
+slidegate.service.build_response), on statuses made by hand: what a fractional wait becomes, and which
+descriptor decides; a response made from its request's skeleton is the one built anew."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slidegate.config.model import RateLimit
+from slidegate.config.model import Config, RateLimit
+from slidegate.decider import Decision, Prepared, rejects
 from slidegate.headers import ResponseHeaders, Shown, retry_after
-from slidegate.limiter import Descriptor, Status
+from slidegate.limiter import Descriptor, Plan, Status
 from slidegate.service import AnswerOptions, build_response, response_skeleton
 from slidegate.settings import Settings, SettingsError
 from slidegate.units import Unit
@@ -23,11 +24,20 @@ HOUR = RateLimit(100, Unit.HOUR)
 IETF = AnswerOptions(headers=ResponseHeaders.IETF)
 
 
+def respond(descriptors: list[Descriptor], statuses: list[Status], options: AnswerOptions | None = None,
+            shadow_mode: bool = False, hits_addend: int = 0, skeleton: bytes | None = None) -> Any:
+    """The response to a decision of ``statuses`` (overall as the decider decides it, under ``shadow_mode``)."""
+    plan = Plan(Config(domains={}), "d", tuple(statuses), (), ())
+    prepared = Prepared(descriptors, plan, (), hits_addend, skeleton=skeleton)
+    return build_response(Decision(prepared, statuses, rejects(statuses) and not shadow_mode),
+                          options or AnswerOptions())
+
+
 def headers(statuses: list[Status], options: AnswerOptions = IETF, descriptors: list[Descriptor] | None = None,
             shadow_mode: bool = False) -> dict[str, str]:
     """The headers the service adds to its answer for ``statuses`` (descriptors: one ("k<i>", "v") each)."""
     descriptors = descriptors or [Descriptor(((f"k{i}", "v"),)) for i in range(len(statuses))]
-    response = build_response("d", descriptors, statuses, options, shadow_mode)
+    response = respond(descriptors, statuses, options, shadow_mode)
     return {h.key: h.value for h in response.response_headers_to_add}
 
 
@@ -67,10 +77,10 @@ def test_any_blocking_descriptor_makes_the_answer_over_limit_wherever_it_stands(
     descriptors = [Descriptor((("a", "1"),)), Descriptor((("b", "2"),))]
     for statuses in ([Status(MINUTE, over=True), Status(HOUR, remaining=5)],
                      [Status(HOUR, remaining=5), Status(MINUTE, over=True)]):
-        response = build_response("d", descriptors, statuses)
+        response = respond(descriptors, statuses)
         assert response.overall_code == OVER_LIMIT
         assert [s.code for s in response.statuses] == [OVER_LIMIT if s.over else OK for s in statuses]
-    shadow = build_response("d", descriptors, [Status(MINUTE, over=True, shadow=True), Status(HOUR)])
+    shadow = respond(descriptors, [Status(MINUTE, over=True, shadow=True), Status(HOUR)])
     assert shadow.overall_code == OK  # a shadow rule over its limit rejects nothing
 
 
@@ -151,8 +161,8 @@ def test_a_response_from_its_skeleton_is_the_one_built_anew(pairs: list[tuple[St
     seconds = [Status(first.limit, second.over, second.remaining, second.reset_us, second.shadow, None, second.quota)
                for first, second in pairs]
     for statuses in (firsts, seconds):
-        made = build_response("d", descriptors, statuses, options, shadow_mode, 3, skeleton)
-        anew = build_response("d", descriptors, statuses, options, shadow_mode, 3)
+        made = respond(descriptors, statuses, options, shadow_mode, 3, skeleton)
+        anew = respond(descriptors, statuses, options, shadow_mode, 3)
         assert made == anew
         assert made.SerializeToString(deterministic=True) == anew.SerializeToString(deterministic=True)
 

@@ -14,10 +14,10 @@ from google.protobuf import json_format
 from slidegate.algorithms import Algorithm
 from slidegate.backends.memory import MemoryBackend
 from slidegate.config import load_directory
+from slidegate.decider import refusal
 from slidegate.limiter import Descriptor, InvalidOverride, Limiter, Status
 from slidegate.protos import ratelimit_unit_pb2, rls_pb2
 from slidegate.request import InvalidRequest
-from slidegate.service import refusal
 from tests.conftest import Clock, Decider
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
 

@@ -18,11 +18,13 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from slidegate import service as service_module
+from slidegate import decider as decider_module
+from slidegate import outage as outage_module
 from slidegate.backends.base import BackendUnavailable, DeadlineExceeded
 from slidegate.backends.blocked import OverLimitCache
 from slidegate.backends.redis import RedisBackend
 from slidegate.config import Config, load_directory
+from slidegate.decider import UNDECIDED, Prepared, refusal
 from slidegate.heap import Heap
 from slidegate.httpapi import HTTP_STATUS
 from slidegate.limiter import Descriptor, InvalidOverride, Limiter, LimiterOptions
@@ -30,7 +32,7 @@ from slidegate.logs import Repeated
 from slidegate.protos import lenient_pb2, rls_pb2, rls_pb2_grpc
 from slidegate.request import InvalidRequest
 from slidegate.server import start_server
-from slidegate.service import METHOD, UNDECIDED, Prepared, RateLimitService, refusal
+from slidegate.service import METHOD, RateLimitService
 from slidegate.stack import free_port
 from tests.conftest import Clock
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
@@ -123,7 +125,7 @@ async def test_invalid_request(rls: Start, req: rls_pb2.RateLimitRequest, reason
 async def test_redis_down_is_unavailable_in_bounded_time_then_recovers(
     rls: Start, private_redis: RedisServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service_module.OutageLog, "QUIET", 0.2)
+    monkeypatch.setattr(outage_module.OutageLog, "QUIET", 0.2)
     stub = await rls(CONFIG, url=private_redis.url, timeout=0.2, use_clock=False)
     req = request("api", descriptor(("client", "c")))
     assert (await stub.ShouldRateLimit(req)).overall_code == OK
@@ -138,7 +140,7 @@ async def test_redis_down_is_unavailable_in_bounded_time_then_recovers(
     private_redis.start()  # same port, empty: the service reconnects by itself
     reply = await stub.ShouldRateLimit(req)
     assert reply.overall_code == OK and reply.statuses[0].limit_remaining == 1
-    await asyncio.sleep(service_module.OutageLog.QUIET)
+    await asyncio.sleep(outage_module.OutageLog.QUIET)
     await stub.ShouldRateLimit(req)
     # the outage is logged once (with a count), not once per call, and so is the recovery
     messages = [r.getMessage() for r in caplog.records if r.name == "slidegate.service"]
@@ -166,7 +168,7 @@ async def test_answers_from_the_over_limit_cache_are_not_the_storage_answering(
     assert len(messages) == 1
     assert messages[0].startswith("storage unavailable: calls failed or decided by the failure mode: 1")
     private_redis.start()
-    monkeypatch.setattr(service_module.OutageLog, "QUIET", 0.0)
+    monkeypatch.setattr(outage_module.OutageLog, "QUIET", 0.0)
     assert (await service.decide("api", fresh, 0)).overall_code == OK
     messages = [r.getMessage() for r in caplog.records if r.name == "slidegate.service"]
     assert len(messages) == 2 and messages[1].endswith("(calls failed since the last line: 49)")
@@ -175,7 +177,7 @@ async def test_answers_from_the_over_limit_cache_are_not_the_storage_answering(
 
 def test_an_outage_is_one_line_every_ten_seconds(caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
-    outage = service_module.OutageLog(clock=lambda: now[0])
+    outage = outage_module.OutageLog(clock=lambda: now[0])
     for i in range(2000):  # 40 s of an outage, 50 failed calls a second
         now[0] = i / 50
         outage.failed("no answer in time")
@@ -199,7 +201,7 @@ def test_an_outage_is_one_line_every_ten_seconds(caplog: pytest.LogCaptureFixtur
 def test_a_partial_outage_answering_by_turns_is_one_outage(caplog: pytest.LogCaptureFixture) -> None:
     # a cluster with one master down: its slots fail while the others answer, call after call
     now = [0.0]
-    outage = service_module.OutageLog(clock=lambda: now[0])
+    outage = outage_module.OutageLog(clock=lambda: now[0])
     for i in range(2000):
         now[0] = i / 50
         if i % 2:
@@ -292,14 +294,14 @@ async def test_an_old_config_is_not_kept_alive_by_remembered_requests(
                 configs.append(load_directory(write_config(CONFIG)))
             await stub.ShouldRateLimit(request("api", descriptor(("client", "new"))))
             # every request remembered now was matched against the config in force, and only those
-            assert {id(p.plan.config) for p in service.remembered().values()} == {id(configs[-1])}
+            assert {id(p.plan.config) for p in service.decider.remembered().values()} == {id(configs[-1])}
     finally:
         await backend.close()
 
 
 async def test_remembered_requests_are_bounded(write_config: Callable[..., Path], redis_url: str, key_prefix: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(service_module, "PREPARED_REQUESTS", 5)
+    monkeypatch.setattr(decider_module, "PREPARED_REQUESTS", 5)
     config = load_directory(write_config(CONFIG))
     backend = RedisBackend(redis_url)
     service = RateLimitService(Limiter(lambda: config, backend, LimiterOptions(key_prefix=key_prefix)))
@@ -308,23 +310,23 @@ async def test_remembered_requests_are_bounded(write_config: Callable[..., Path]
             for i in range(12):
                 reply = await stub.ShouldRateLimit(request("api", descriptor(("client", f"c{i}"))))
                 assert reply.statuses[0].limit_remaining == 1
-            remembered = service.remembered()
+            remembered = service.decider.remembered()
             assert 0 < len(remembered) <= 5
             assert all(prepared.skeleton for prepared in remembered.values())  # their responses' (build_response)
-            big = request("api", descriptor(("client", "x" * service_module.PREPARED_MAX_BYTES)))
+            big = request("api", descriptor(("client", "x" * decider_module.PREPARED_MAX_BYTES)))
             answered: list[Prepared] = []
             service.on_answer = lambda prepared, _: answered.append(prepared)
             for remaining in (1, 0):
                 assert (await stub.ShouldRateLimit(big)).statuses[0].limit_remaining == remaining
             service.on_answer = None
-            assert big.SerializeToString() not in service.remembered()
+            assert big.SerializeToString() not in service.decider.remembered()
             assert [prepared.skeleton for prepared in answered] == [None, None]  # made only to be kept
             # small in bytes, many in entries (empty entries cost two bytes each, hundreds in memory)
             many = request("api", descriptor(("client", "m")), *[descriptor(*[("", "")] * 8)] * 4)
-            assert len(many.SerializeToString()) < service_module.PREPARED_MAX_BYTES
+            assert len(many.SerializeToString()) < decider_module.PREPARED_MAX_BYTES
             for remaining in (1, 0):
                 assert (await stub.ShouldRateLimit(many)).statuses[0].limit_remaining == remaining
-            assert many.SerializeToString() not in service.remembered()
+            assert many.SerializeToString() not in service.decider.remembered()
     finally:
         await backend.close()
 
@@ -350,7 +352,7 @@ async def test_remembered_requests_are_left_out_of_garbage_collections(
         write_config: Callable[..., Path], redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # a full collection walks every tracked object: 10,000 remembered requests made it a 170-250 ms pause of
     # every call in flight (slidegate.heap)
-    monkeypatch.setattr(service_module, "PREPARED_REQUESTS", 1500)
+    monkeypatch.setattr(decider_module, "PREPARED_REQUESTS", 1500)
     config = load_directory(write_config(CONFIG))
     backend = RedisBackend(redis_url)
     service = RateLimitService(Limiter(lambda: config, backend, LimiterOptions(key_prefix=key_prefix)),
@@ -361,14 +363,14 @@ async def test_remembered_requests_are_left_out_of_garbage_collections(
             walked = len(gc.get_objects())
             for i in range(1400):
                 await stub.ShouldRateLimit(request("api", descriptor(("client", f"c{i}")), descriptor(("week", "w"))))
-            assert len(service.remembered()) == 1400
+            assert len(service.decider.remembered()) == 1400
             # what a collection walks grew by the requests since the last freeze, not by all 1,400
             assert len(gc.get_objects()) - walked < 100 * 60
             frozen = gc.get_freeze_count()
             assert frozen > 1400 * 20
             for i in range(200):  # the service forgets them all at once: nothing frozen stays for them
                 await stub.ShouldRateLimit(request("api", descriptor(("client", f"d{i}"))))
-            assert len(service.remembered()) == 100
+            assert len(service.decider.remembered()) == 100
             # a remembered request holds about 16 tracked objects (its limit's counters are shared with others')
             assert gc.get_freeze_count() < frozen - 1300 * 12
     finally:

@@ -1,7 +1,7 @@
 """Keeping `slidegate serve`'s heap in shape: short garbage-collection pauses from the first call on and while
 the service remembers thousands of requests, and the memory of large requests given back to the system.
 
-A remembered request (slidegate.service) holds about 34 objects the collector tracks; 10,000 of them made each
+A remembered request (slidegate.decider) holds about 34 objects the collector tracks; 10,000 of them made each
 full collection walk 340,000 objects, a pause of 170-250 ms measured on a 2-core machine — the whole of
 REDIS_TIMEOUT, and ten times Envoy's default deadline, for every call in flight. Frozen objects
 (``gc.freeze``) are left out of collections: the remembered requests are frozen as they accumulate, and when

@@ -16,17 +16,17 @@ from aiohttp.web_protocol import RequestPayloadError
 from google.protobuf import json_format
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
-from slidegate._proto.slidegate.wire.v1 import lenient_pb2
 from slidegate.config import Config
 from slidegate.config.describe import describe_config
+from slidegate.decider import UNDECIDED, LimitRequest, refusal
 from slidegate.health import Health
 from slidegate.logs import Repeated
-from slidegate.request import InvalidRequest
-from slidegate.service import OVER_LIMIT, UNDECIDED, RateLimitService, refusal
+from slidegate.request import InvalidRequest, parse_request
+from slidegate.service import RateLimitService
 from slidegate.text import printable
 
 JSON = "application/json"
-# the HTTP status of each gRPC status the service refuses a call with (service.refusal)
+# the HTTP status of each gRPC status the service refuses a call with (decider.refusal)
 HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.UNKNOWN: 500,
                grpc.StatusCode.DEADLINE_EXCEEDED: 504}
 ROUTES = ("json", "healthcheck", "rlconfig", "metrics", "stats")
@@ -58,13 +58,14 @@ class _Endpoints:
             return _error("shutting down", 503)
         if request.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity"):
             return _error("compressed bodies are not accepted (Content-Encoding)", 415)
+        decider = self.service.decider
         try:
-            lenient = await _read_request(request)
-            domain, descriptors = self.service.parse(lenient)
+            message = await _read_request(request)
+            domain, descriptors = parse_request(message, decider.policy)
         except json.JSONDecodeError as exc:
             return _error(f"the body is not JSON: {exc}", 400)
         except InvalidRequest as exc:  # the reference's service_error, as over gRPC
-            self.service.refused(exc)
+            decider.refused(exc)
             return _error(str(exc), 400)
         except (json_format.ParseError, UnicodeDecodeError) as exc:
             return _error(str(exc), 400)
@@ -75,11 +76,12 @@ class _Endpoints:
         except Exception as exc:  # a body aiohttp cannot read (bad encoding, bad compression): the client's fault
             return _error(f"unreadable body: {exc}", 400)
         try:
-            response = await self.service.decide(domain, descriptors, lenient.hits_addend)
+            decision = await decider.decide(LimitRequest(domain, descriptors, message.hits_addend))
         except UNDECIDED as exc:
             code, details = refusal(exc)
             return _error(details, HTTP_STATUS[code])
-        status = 429 if response.overall_code == OVER_LIMIT else 200
+        status = 429 if decision.rejected else 200
+        response = self.service.response(decision)
         # every field, zeros included: limitRemaining 0 is an answer, not an absent one
         text = json_format.MessageToJson(response, indent=None, always_print_fields_with_no_presence=True)
         return web.Response(text=text, status=status, content_type=JSON)
@@ -101,8 +103,8 @@ class _Endpoints:
         return web.Response(text=self.service.metrics.render_stats())
 
 
-async def _read_request(request: web.Request) -> lenient_pb2.LenientRateLimitRequest:
-    """The body of ``request``: a RateLimitRequest in proto-JSON, read as the gRPC service reads one. Raises
+async def _read_request(request: web.Request) -> rls_pb2.RateLimitRequest:
+    """The body of ``request``: a RateLimitRequest in proto-JSON. Raises
     json.JSONDecodeError, json_format.ParseError (a JSON value that is not a RateLimitRequest),
     UnicodeDecodeError, and aiohttp's errors reading the body."""
     body = (await request.read()).decode("utf-8")
@@ -110,8 +112,7 @@ async def _read_request(request: web.Request) -> lenient_pb2.LenientRateLimitReq
     if not isinstance(document, dict):
         kind = "null" if document is None else type(document).__name__
         raise json_format.ParseError(f"the body must be a JSON object (a RateLimitRequest), not {kind}")
-    parsed = json_format.Parse(body, rls_pb2.RateLimitRequest())  # again: it refuses repeated names
-    return lenient_pb2.LenientRateLimitRequest.FromString(parsed.SerializeToString())
+    return json_format.Parse(body, rls_pb2.RateLimitRequest())  # again: it refuses repeated names
 
 
 def _error(error: str, status: int) -> web.Response:

@@ -9,24 +9,53 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from slidegate._proto.slidegate.wire.v1 import lenient_pb2
+from slidegate import decider
 from slidegate.application import build
-from slidegate.client import (
-    Decision,
-    DescriptorSpec,
-    RateLimitUnavailable,
-    build_request,
-    decision_from_response,
-    refused,
-)
-from slidegate.service import UNDECIDED, refusal
+from slidegate.client import Decision, DescriptorDecision, DescriptorSpec, RateLimitUnavailable, refused
+from slidegate.decider import UNDECIDED, LimitRequest, refusal
+from slidegate.limiter import Descriptor
 from slidegate.settings import Settings
 
 T = TypeVar("T")
+MAX_HITS = 0xFFFFFFFF  # hits_addend is a uint32 on the wire: the same bound in process
+
+
+def descriptor(spec: DescriptorSpec) -> Descriptor:
+    """``spec`` as the decider's Descriptor. Raises TypeError for an entry that is not two strings and
+    UnicodeEncodeError for text that is not Unicode (a lone surrogate), as a call could not carry them."""
+    pairs = spec.items() if isinstance(spec, Mapping) else spec
+    entries = tuple([(key, value) for key, value in pairs])
+    for key, value in entries:
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"a descriptor entry is two strings, not ({type(key).__name__}, {type(value).__name__})")
+        key.encode()
+        value.encode()
+    return Descriptor(entries)
+
+
+def client_decision(decision: decider.Decision) -> Decision:
+    """The client's Decision for the decider's: what a call would have answered (slidegate.client reads the
+    same from a RateLimitResponse)."""
+    out = []
+    for d, status in zip(decision.prepared.descriptors, decision.statuses, strict=True):
+        limit = status.limit
+        keys = tuple(key for key, _ in d.entries)
+        over = status.over and not status.shadow
+        if limit is None or limit.unit is None:
+            out.append(DescriptorDecision(over, None, None, "", status.remaining, 0.0, keys))
+            continue
+        if status.over:  # rounded up, as the service answers it (slidegate.service.build_response)
+            reset = float(-(-status.reset_us // 1_000_000))
+        else:
+            seconds, micros = divmod(status.reset_us, 1_000_000)
+            reset = seconds + micros * 1000 / 1e9
+        out.append(DescriptorDecision(over, limit.requests_per_unit, limit.window_seconds, limit.name,
+                                      status.remaining, reset, keys))
+    return Decision(not decision.rejected, out)
 
 
 class InProcessLimiter:
@@ -44,7 +73,7 @@ class InProcessLimiter:
                                       "redis_url": redis_url, "redis_timeout": str(timeout),
                                       "cache_key_prefix": key_prefix})
         app = build(settings, clock=clock)
-        self._backend, self._service = app.backend, app.service
+        self._backend, self._decider = app.backend, app.service.decider
         self._timeout = timeout
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
@@ -53,16 +82,16 @@ class InProcessLimiter:
                                 timeout: float | None = None) -> Decision:
         """Decide in this process. Raises InvalidRateLimitRequest for a request the service would refuse,
         RateLimitUnavailable when the storage does not answer."""
-        request = build_request(domain, descriptors, hits_addend)
-        raw = request.SerializeToString()  # read as the service reads a call: the same checks, the same errors
+        if not 0 <= hits_addend <= MAX_HITS:
+            raise ValueError(f"Value out of range: {hits_addend}")
+        request = LimitRequest(domain, [descriptor(spec) for spec in descriptors], hits_addend,
+                               self._timeout if timeout is None else timeout)
         try:
-            parsed_domain, parsed = self._service.parse(lenient_pb2.LenientRateLimitRequest.FromString(raw))
-            response = await self._service.decide(parsed_domain, parsed, hits_addend,
-                                                  self._timeout if timeout is None else timeout)
+            decision = await self._decider.decide(request)
         except UNDECIDED as exc:
             # the service's status, with the whole reason: this process is the one whose storage failed
             raise refused(refusal(exc).code, str(exc)) from exc
-        return decision_from_response(response, request)
+        return client_decision(decision)
 
     def should_rate_limit_blocking(self, domain: str, descriptors: Sequence[DescriptorSpec], hits_addend: int = 0,
                                    timeout: float | None = None) -> Decision:

@@ -6,8 +6,11 @@ instead of failing the call; such bytes are kept as surrogate escapes, one chara
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate._proto.slidegate.wire.v1 import lenient_pb2
 from slidegate.limiter import Descriptor, Override
 from slidegate.units import Unit
@@ -56,9 +59,16 @@ def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
-def parse_request(request: Request, policy: RequestPolicy = RequestPolicy()) -> tuple[str, list[Descriptor]]:
-    """Validate ``request`` under ``policy``; return (domain, descriptors). Raises InvalidRequest with the reason
-    (RefusedField for a field the policy refuses)."""
+def _same(text: str) -> str:
+    return text
+
+
+def parse_request(request: Request | rls_pb2.RateLimitRequest,
+                  policy: RequestPolicy = RequestPolicy()) -> tuple[str, list[Descriptor]]:
+    """Validate ``request`` (read leniently from a call's bytes, or a RateLimitRequest whose text is already
+    text: the HTTP API's JSON) under ``policy``; return (domain, descriptors). Raises InvalidRequest with the
+    reason (RefusedField for a field the policy refuses)."""
+    text: Callable[[Any], str] = _same if isinstance(request, rls_pb2.RateLimitRequest) else _text
     if not request.domain:
         raise InvalidRequest("rate limit domain must not be empty")
     if not request.descriptors:
@@ -66,7 +76,8 @@ def parse_request(request: Request, policy: RequestPolicy = RequestPolicy()) -> 
     if len(request.descriptors) > MAX_DESCRIPTORS:
         raise InvalidRequest(f"too many descriptors: {len(request.descriptors)} (at most {MAX_DESCRIPTORS})")
     descriptors = []
-    for index, d in enumerate(request.descriptors):
+    read: Sequence[Any] = request.descriptors  # either message's descriptors: the same fields
+    for index, d in enumerate(read):
         if len(d.entries) > MAX_ENTRIES:
             raise InvalidRequest(f"descriptor {index}: too many entries: {len(d.entries)} (at most {MAX_ENTRIES})")
         override = None
@@ -84,9 +95,9 @@ def parse_request(request: Request, policy: RequestPolicy = RequestPolicy()) -> 
             override = Override(d.limit.requests_per_unit, unit, multiplier)
         # by position, the entries from a list: a request never seen before pays for every step here
         descriptors.append(Descriptor(
-            tuple([(_text(e.key), _text(e.value)) for e in d.entries]),
+            tuple([(text(e.key), text(e.value)) for e in d.entries]),
             d.hits_addend.value if d.HasField("hits_addend") else None,
             d.is_negative_hits,
             override,
         ))
-    return _text(request.domain), descriptors
+    return text(request.domain), descriptors

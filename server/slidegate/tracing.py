@@ -30,7 +30,8 @@ from opentelemetry.trace import SpanKind, Tracer, get_current_span
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate.backends.base import Backend, Check, Decision
-from slidegate.service import METHOD, Context, Prepared, RateLimitService
+from slidegate.decider import Prepared
+from slidegate.service import METHOD, Context, RateLimitService
 from slidegate.settings import Settings
 from slidegate.tracing_settings import ExporterProtocol
 
