@@ -82,6 +82,7 @@ class ConfigWatcher:
     def __init__(self, directory: Path, options: LoadOptions, holder: ConfigHolder, metrics: Metrics,
                  root: Path | None = None, settle: float = 0.5) -> None:
         self._settle = settle
+        self._named = directory  # as the settings name it, for the start-up line
         self._directory = directory.absolute()
         self._options = options
         self._holder = holder
@@ -89,6 +90,20 @@ class ConfigWatcher:
         self._root = root.absolute() if root is not None else None
         self._fingerprint = _fingerprint(self._directory)
         self._failed = False  # the files changed and did not load: the config in force is older than them
+        self._reloads: set[asyncio.Task[bool]] = set()  # SIGHUP's, kept until done (the loop keeps weak references)
+
+    async def first_config(self, stop: asyncio.Event) -> bool:
+        """The directory was loaded before the watch began (slidegate.application): there is one already."""
+        return True
+
+    def reload_now(self) -> None:
+        """SIGHUP: reload the config now, even if its files look unchanged, as many daemons do."""
+        task = asyncio.create_task(self.reload(force=True))
+        self._reloads.add(task)
+        task.add_done_callback(self._reloads.discard)
+
+    def describe(self) -> str:
+        return str(self._named)
 
     def _targets(self) -> tuple[list[Path], set[Path]]:
         """(directories to watch, paths whose changes matter besides the config directory's entries)."""

@@ -1,7 +1,8 @@
 """Run slidegate: load config, connect the backend, serve gRPC and HTTP until SIGTERM/SIGINT, then drain.
 
 While serving, the config directory is watched and reloaded (slidegate.reload), or the xDS server followed
-(slidegate.xds, CONFIG_TYPE=GRPC_XDS_SOTW), and the storage is pinged for the health state (slidegate.health).
+(slidegate.xds, CONFIG_TYPE=GRPC_XDS_SOTW), either driven as a slidegate.config_source.ConfigSource, and the
+storage is pinged for the health state (slidegate.health).
 """
 
 from __future__ import annotations
@@ -23,15 +24,14 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from slidegate.allocator import return_large_blocks
-from slidegate.application import build, make_backend, make_statsd_sink
-from slidegate.config import LoadOptions
+from slidegate.application import Application, build, make_backend, make_statsd_sink
+from slidegate.config_source import ConfigSource
 from slidegate.health import Health
 from slidegate.heap import Heap
 from slidegate.httpapi import make_app, start_app
-from slidegate.metrics import Metrics
 from slidegate.quotas.service import SERVICE as QUOTA_SERVICE
 from slidegate.quotas.service import QuotaService
-from slidegate.reload import ConfigHolder, ConfigWatcher
+from slidegate.reload import ConfigWatcher
 from slidegate.service import RateLimitService
 from slidegate.settings import DEFAULT_MAX_RECV_MSG_SIZE, Settings
 from slidegate.tls import ClientSanCheck, server_credentials
@@ -122,12 +122,8 @@ class Server:
         self._app = build(settings, heap=self._heap,
                           backend=make_backend(settings, self._tracing.backend if self._tracing is not None else None))
         self._sink = make_statsd_sink(settings, self._app.metrics.store, os.environ)
-        if not settings.uses_xds and not self._app.holder.current.domains:
-            log.warning("no domain in %s: every request will be answered OK with no limit", settings.config_path)
+        self._source = config_source(settings, self._app)
         _warn_unused_pipelining(settings)
-        self._source = (XdsConfigSource(settings, self._app.load_options, self._app.holder, self._app.metrics)
-                        if settings.uses_xds else None)
-        self._source_task: asyncio.Task[None] | None = None
         # the sink stops after the drain, so that it sends what the last calls counted
         self._sink_stop = asyncio.Event()
         self._runners: list[web.AppRunner] = []
@@ -139,15 +135,14 @@ class Server:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop.set)
-        if self._source is not None:
-            self._source_task = asyncio.create_task(self._source.run(self.stop))
-        if not await self._first_config():
+        source_task = asyncio.create_task(self._source.run(self.stop))
+        if not await self._first_config(source_task):
             return
-        server, health = await self._start_grpc()
+        server, health = await self._start_grpc(source_task)
         sink_task = asyncio.create_task(self._sink.run(self._sink_stop)) if self._sink is not None else None
         try:
             await self._start_http(health)
-            self._start_watching(health)
+            self._start_watching(health, source_task)
             self._heap.started()  # before the health check says serving
             self._announce()
             if ready is not None:
@@ -155,38 +150,28 @@ class Server:
             await self.stop.wait()
             await self._drain(server, health, sink_task)
         finally:
-            await self._shutdown(server, sink_task)
+            await self._shutdown(server, source_task, sink_task)
         log.info("stopped")
 
-    async def _first_config(self) -> bool:
-        """Wait for the xDS server's first config unless FORCE_START_WITHOUT_INITIAL_CONFIG; False (all stopped)
-        when ``stop`` came first."""
-        if self._source is None or self.settings.force_start_without_initial_config:
+    async def _first_config(self, source_task: asyncio.Task[None]) -> bool:
+        """Wait for the source's first config unless FORCE_START_WITHOUT_INITIAL_CONFIG; False (all stopped) when
+        ``stop`` came first."""
+        if self.settings.force_start_without_initial_config or await self._source.first_config(self.stop):
             return True
-        # as envoyproxy/ratelimit: no listener until there is a config to answer with
-        log.info("waiting for the first config from the xDS server %s before listening",
-                 self.settings.xds.server_url)
-        first = asyncio.create_task(self._source.first.wait())
-        stopping = asyncio.create_task(self.stop.wait())
-        await asyncio.wait((first, stopping), return_when=asyncio.FIRST_COMPLETED)
-        first.cancel()
-        stopping.cancel()
-        if not self.stop.is_set() or self._source_task is None:
-            return True
-        await _cancel(self._source_task)
+        await _cancel(source_task)
         await self._app.backend.close()
         await self._app.quotas.close()
         log.info("stopped before any config came")
         return False
 
-    async def _start_grpc(self) -> tuple[grpc.aio.Server, Health]:
+    async def _start_grpc(self, source_task: asyncio.Task[None]) -> tuple[grpc.aio.Server, Health]:
         """Listen for gRPC, and publish the health state. Raises OSError (the source stopped)."""
         settings, app = self.settings, self._app
-        credentials = None
-        if settings.grpc_server_use_tls:
-            credentials = server_credentials(settings.grpc_server_tls_cert, settings.grpc_server_tls_key,
-                                             settings.grpc_client_tls_cacert)
         try:
+            credentials = None
+            if settings.grpc_server_use_tls:
+                credentials = server_credentials(settings.grpc_server_tls_cert, settings.grpc_server_tls_key,
+                                                 settings.grpc_client_tls_cacert)
             server, health_servicer, self.grpc_port = await start_server(
                 app.service, settings.grpc_host, settings.grpc_port, credentials, reuse_port=self.reuse_port,
                 max_message_size=settings.grpc_max_recv_msg_size, client_san=settings.grpc_client_tls_san,
@@ -194,9 +179,8 @@ class Server:
                 connection_age=(settings.grpc_max_connection_age, settings.grpc_max_connection_age_grace),
                 handler=self._tracing.handler(app.service) if self._tracing is not None else None,
                 quotas=app.quotas)
-        except BaseException:
-            if self._source_task is not None:  # a port taken: the stream must not outlive the start
-                await _cancel(self._source_task)
+        except BaseException:  # a port taken, a TLS file unreadable: the source must not outlive the start
+            await _cancel(source_task)
             raise
         holder = app.holder
         health = Health(health_servicer, needs_storage=app.needs_storage, config_loaded=(
@@ -230,30 +214,20 @@ class Server:
         self._runners.append(runner)
         return bound
 
-    def _start_watching(self, health: Health) -> None:
-        """Ping the storage for the health state, and follow the config's source."""
-        settings, app = self.settings, self._app
-        self._tasks.append(asyncio.create_task(health.watch_storage(app.backend, self.stop)))
-        if self._source_task is not None:
-            self._tasks.append(self._source_task)
-            # the config is the xDS server's: nothing to reload, and SIGHUP must not end the process either
-            asyncio.get_running_loop().add_signal_handler(
-                signal.SIGHUP, lambda: log.info("SIGHUP: the config comes over xDS, nothing to reload"))
-        else:
-            self._tasks.append(asyncio.create_task(
-                _watch_files(settings, app.load_options, app.holder, app.metrics, self.stop)))
+    def _start_watching(self, health: Health, source_task: asyncio.Task[None]) -> None:
+        """Ping the storage for the health state; the source, already following its config, takes SIGHUP."""
+        self._tasks += [asyncio.create_task(health.watch_storage(self._app.backend, self.stop)), source_task]
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._source.reload_now)
 
     def _announce(self) -> None:
         """Log where it listens, what it serves and where its config, storage, stats and spans are."""
         settings, config = self.settings, self._app.holder.current
-        origin = (f"the xDS server {settings.xds.server_url}" + (
-            f" (version {config.version})" if config.loaded else " (none yet: calls are refused until it comes)")
-                  if self._source is not None else str(settings.config_path))
         log.info(
             "listening for gRPC on %s%s, HTTP on %s:%d, debug on %s:%d%s; domains loaded: %d, limits: %d, from %s",
             f"unix:{settings.grpc_uds}" if settings.grpc_uds else f"{settings.grpc_host}:{self.grpc_port}",
             " (TLS)" if settings.grpc_server_use_tls else "", settings.http_host, self.http_port,
-            settings.debug_host, self.debug_port, self._metrics_at, len(config.domains), config.limit_count(), origin,
+            settings.debug_host, self.debug_port, self._metrics_at, len(config.domains), config.limit_count(),
+            self._source.describe(),
         )
         log.info("storage: %s", self._app.backend.describe())
         log.info("quotas: Envoy's Rate Limit Quota Service on the same port, the limits of the same config")
@@ -274,11 +248,11 @@ class Server:
         for task in self._tasks:
             await _cancel(task)
 
-    async def _shutdown(self, server: grpc.aio.Server, sink_task: asyncio.Task[None] | None) -> None:
+    async def _shutdown(self, server: grpc.aio.Server, source_task: asyncio.Task[None],
+                        sink_task: asyncio.Task[None] | None) -> None:
         """Stop everything still running, in the reverse order of the start, drained or not."""
         self.stop.set()
-        if self._source_task is not None:
-            await _cancel(self._source_task)
+        await _cancel(source_task)
         if sink_task is not None and not sink_task.done():
             sink_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -291,6 +265,20 @@ class Server:
         if self._tracing is not None:
             # the spans of the last calls go out; the SDK blocks while it sends them
             await asyncio.to_thread(self._tracing.shutdown)
+
+
+def config_source(settings: Settings, app: Application) -> ConfigSource:
+    """The source CONFIG_TYPE names, keeping ``app``'s holder current: the xDS server, or the config directory
+    (whose parent is watched too with RUNTIME_WATCH_ROOT: slidegate.reload)."""
+    if settings.uses_xds:
+        return XdsConfigSource(settings, app.load_options, app.holder, app.metrics)
+    if not app.holder.current.domains:
+        log.warning("no domain in %s: every request will be answered OK with no limit", settings.config_path)
+    root = None
+    if settings.runtime_watch_root:
+        root = Path(settings.config_dir) if settings.config_dir else Path(settings.runtime_root)
+    return ConfigWatcher(settings.config_path, app.load_options, app.holder, app.metrics, root,
+                         settings.config_settle_time)
 
 
 def _warn_unused_pipelining(settings: Settings) -> None:
@@ -323,24 +311,6 @@ def tracing_missing(settings: Settings) -> str | None:
         return (f"TRACING_ENABLED=true needs the OpenTelemetry SDK and its OTLP exporters, which are not installed "
                 f"({exc}): install slidegate's tracing extra (pip install -e '.[tracing]' in a checkout)")
     return None
-
-
-async def _watch_files(settings: Settings, options: LoadOptions, holder: ConfigHolder, metrics: Metrics,
-                       stop: asyncio.Event) -> None:
-    """Reload the config files on each change, and at SIGHUP, until ``stop``."""
-    root = None
-    if settings.runtime_watch_root:
-        root = Path(settings.config_dir) if settings.config_dir else Path(settings.runtime_root)
-    watcher = ConfigWatcher(settings.config_path, options, holder, metrics, root, settings.config_settle_time)
-    reloads: set[asyncio.Task[bool]] = set()
-
-    def reload_now() -> None:  # SIGHUP: reload the config now, as many daemons do
-        task = asyncio.create_task(watcher.reload(force=True))
-        reloads.add(task)
-        task.add_done_callback(reloads.discard)
-
-    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload_now)
-    await watcher.run(stop)
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

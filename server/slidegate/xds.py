@@ -125,6 +125,27 @@ class XdsConfigSource:
             options.append(("grpc.ssl_target_name_override", self._settings.xds.server_tls_san))
         return grpc.aio.secure_channel(target, channel_credentials(self._settings), options=options)
 
+    async def first_config(self, stop: asyncio.Event) -> bool:
+        """Wait until a config has been accepted (``run`` brings it): True, or False when ``stop`` came first."""
+        # as envoyproxy/ratelimit: no listener until there is a config to answer with
+        log.info("waiting for the first config from the xDS server %s before listening",
+                 self._settings.xds.server_url)
+        first = asyncio.create_task(self.first.wait())
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait((first, stopping), return_when=asyncio.FIRST_COMPLETED)
+        first.cancel()
+        stopping.cancel()
+        return not stop.is_set()
+
+    def reload_now(self) -> None:
+        # SIGHUP must not end the process either
+        log.info("SIGHUP: the config comes over xDS, nothing to reload")
+
+    def describe(self) -> str:
+        config = self._holder.current
+        return f"the xDS server {self._settings.xds.server_url}" + (
+            f" (version {config.version})" if config.loaded else " (none yet: calls are refused until it comes)")
+
     async def run(self, stop: asyncio.Event) -> None:
         """Follow the server until ``stop`` is set: stream, and redial after a backoff whenever the stream ends."""
         failures = 0
