@@ -215,7 +215,7 @@ async def serve_layer(layer: str, port: int, config_root: str, redis_url: str, k
     elif layer == "limiter":
         async def handler(data: bytes, context: Any) -> rls_pb2.RateLimitResponse:
             found = prepare(data)
-            statuses = await limiter.decide(found.plan)
+            statuses = (await limiter.decide(found.plan)).statuses
             return build_response(Decision(found, statuses, rejects(statuses)))
     else:
         handler = service.should_rate_limit

@@ -1,9 +1,13 @@
-"""Building RLS requests in tests, and reading a Prometheus metric's value."""
+"""Building RLS requests in tests, reading a Prometheus metric's value, and asking a limiter how it decided."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client.metrics import MetricWrapperBase
 
+from slidegate.failure_modes import FailureMode
+from slidegate.limiter import Descriptor, Limiter, Status
 from slidegate.protos import ratelimit_pb2, rls_pb2
 
 Entries = list[tuple[str, str]]
@@ -36,3 +40,10 @@ def metric_value(metric: MetricWrapperBase, **labels: str) -> float:
             if sample.name in (family.name, f"{family.name}_total") and sample.labels == labels:
                 return sample.value
     return 0.0
+
+
+async def decided(limiter: Limiter, domain: str, descriptors: Sequence[Descriptor],
+                  timeout: float | None = None) -> tuple[list[Status], FailureMode | None]:
+    """The statuses ``limiter`` decides for a request and the failure mode that decided it (None: the storage)."""
+    answer = await limiter.decide(limiter.prepare(domain, descriptors), timeout)
+    return answer.statuses, answer.degraded

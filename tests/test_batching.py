@@ -709,7 +709,7 @@ async def test_a_plans_checks_keep_their_packed_call_and_nothing_else_does(
         assert checks.packed is None
         held = sys.getrefcount(checks)
         for expected in (9, 8):
-            statuses = await limiter.decide(plan)
+            statuses = (await limiter.decide(plan)).statuses
             assert statuses[0].remaining == expected
         gc.collect()
         references = sys.getrefcount(checks)  # before an assertion's own references to them

@@ -20,7 +20,7 @@ async def test_populated_keys_are_the_ones_slidegate_counts(redis_url: str, key_
     try:
         limiter = Limiter(lambda: config, backend, LimiterOptions(key_prefix=key_prefix))
         plan = limiter.prepare("bench", [Descriptor((("path", paths[3]),))])
-        [status] = await limiter.decide(plan)
+        [status] = (await limiter.decide(plan)).statuses
         # slidegate counted its second hit on the populated key, and wrote no key of its own
         assert status.remaining == LIMIT - 2
         assert len(list(client.scan_iter(match=f"{key_prefix}*"))) == 7

@@ -283,13 +283,14 @@ async def test_a_decisions_statuses_keep_each_field_in_its_place(write_config: C
     matched = plan.statuses[0]
     assert matched.limit is not None and matched.rule is not None
     for over, remaining in ((False, 1), (True, 0)):
-        (status,) = await limiter.decide(plan)
+        decided = await limiter.decide(plan)
+        (status,) = decided.statuses
         assert status == Status(limit=matched.limit, over=over, remaining=remaining, reset_us=status.reset_us,
-                                shadow=True, rule=matched.rule, quota=False, hits=2, degraded=None, late=False,
-                                cached=False)
+                                shadow=True, rule=matched.rule, quota=False, hits=2)
+        assert (decided.degraded, decided.late, decided.cached) == (None, False, False)
         assert 0 < status.reset_us <= 60_000_000
     quota_plan = limiter.prepare("d", [Descriptor((("q", "v"),), hits_addend=2)])
-    (status,) = await limiter.decide(quota_plan)
+    (status,) = (await limiter.decide(quota_plan)).statuses
     assert status == quota_plan.statuses[0]._replace(remaining=3, reset_us=status.reset_us)
     assert (status.quota, status.shadow, status.over, status.hits) == (True, False, False, 2)
 

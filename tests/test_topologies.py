@@ -31,7 +31,7 @@ from slidegate.limiter import Descriptor, Limiter, LimiterOptions, Status
 from slidegate.settings import Settings, SettingsError
 from slidegate.stack import free_port
 from tests.certs import Authority
-from tests.helpers import OK, OVER_LIMIT, descriptor, request
+from tests.helpers import OK, OVER_LIMIT, decided, descriptor, request
 from tests.redis_servers import RedisServer
 from tests.redis_topologies import Cluster, SentinelGroup, wait_for
 from tests.served import Served
@@ -521,8 +521,8 @@ async def test_a_wrong_topology_is_unavailable_and_gets_the_failure_mode(topolog
         started = time.monotonic()
         with pytest.raises(BackendUnavailable):
             await backend.ping()
-        [s] = await limiter.should_rate_limit("t", [d("k", "v")])
-        assert (s.over, s.degraded) == (True, "deny")
+        [s], degraded = await decided(limiter, "t", [d("k", "v")])
+        assert (s.over, degraded) == (True, "deny")
         assert time.monotonic() - started < 1
     finally:
         await backend.close()

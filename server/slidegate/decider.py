@@ -20,6 +20,7 @@ import grpc
 
 from slidegate.backends.base import BackendUnavailable, DeadlineExceeded, admits
 from slidegate.config.model import Config
+from slidegate.failure_modes import FailureMode
 from slidegate.headers import Shown
 from slidegate.heap import Heap
 from slidegate.limiter import Descriptor, InvalidOverride, Limiter, NoConfigLoaded, Plan, Status
@@ -95,11 +96,15 @@ class Prepared(NamedTuple):
 class Decision(NamedTuple):
     """The answer to one request: a Status per descriptor in the request's order (each with its matched
     ``rule``, None for none or the request's own limit) and ``rejected``, the overall code (OVER_LIMIT; never
-    under SHADOW_MODE). ``prepared``: the request as matched (domain, descriptors, hits_addend)."""
+    under SHADOW_MODE). ``prepared``: the request as matched (domain, descriptors, hits_addend); ``degraded``,
+    ``late`` and ``cached``: how it was decided (limiter.Decided)."""
 
     prepared: Prepared
     statuses: list[Status]
     rejected: bool
+    degraded: FailureMode | None = None
+    late: bool = False
+    cached: bool = False
 
     @property
     def domain(self) -> str:
@@ -259,28 +264,28 @@ class Decider:
         BackendUnavailable, and DeadlineExceeded when ``timeout`` ran out first."""
         started = time.perf_counter()
         try:
-            statuses = await self._limiter.decide(prepared.plan, timeout)
+            decided = await self._limiter.decide(prepared.plan, timeout)
         except DeadlineExceeded:
             raise  # the caller's own deadline: not a storage failure
         except BackendUnavailable as exc:
             self.metrics.storage_errors.inc()
             self._outage.failed(str(exc))
             raise
+        statuses, degraded, late, cached = decided
         rejected = rejects(statuses)
         if rejected and self._limiter.shadow_mode:
             rejected = False
             self.metrics.global_shadow_mode.inc()  # SHADOW_MODE turned this request's OVER_LIMIT into OK
-        decision: Decision = _tuple_new(Decision, (prepared, statuses, rejected))
+        decision: Decision = _tuple_new(Decision, (prepared, statuses, rejected, degraded, late, cached))
         # the metrics, the stats and the outage log are told of the decision here, and only here
-        decided = statuses[prepared.plan.counted[0]] if prepared.plan.counted else None
-        if decided is not None and decided.degraded:
-            self.metrics.degraded.labels(decided.degraded).inc()
+        if degraded:
+            self.metrics.degraded.labels(degraded).inc()
             # a caller in a hurry says nothing of the storage's health (its round trip goes on, and the breaker
             # counts it if it fails)
-            if not decided.late:
+            if not late:
                 self.metrics.storage_errors.inc()
-                self._outage.failed(f"decided by failure mode {decided.degraded}")
-        elif decided is not None and not decided.cached:
+                self._outage.failed(f"decided by failure mode {degraded}")
+        elif prepared.plan.counted and not cached:  # the storage answered (a request of no limit never asks it)
             self.metrics.storage_latency.observe(time.perf_counter() - started)
             self._outage.answered()
         if prepared.not_found is not None:
@@ -288,7 +293,7 @@ class Decider:
         for index, counters, limit in prepared.counted:
             status = statuses[index]
             counters.record(hits=status.hits, limit=limit, over=status.over, remaining=status.remaining,
-                            shadow=status.shadow, cached=status.cached)  # shadow: its rule's shadow_mode
+                            shadow=status.shadow, cached=cached)  # shadow: its rule's shadow_mode
         if log.isEnabledFor(logging.DEBUG):
             _log_decision(decision)
         self.metrics.call_latency.observe(time.perf_counter() - started)

@@ -66,9 +66,18 @@ class Status(NamedTuple):
     rule: DescriptorNode | None = None
     quota: bool = False
     hits: int = 0
-    degraded: FailureMode | None = None  # the failure mode that decided, when the storage did not
-    late: bool = False  # degraded because the caller's deadline was running out, not because the storage failed
-    cached: bool = False  # answered from this process's memory of over-limit answers, not by the storage
+
+
+class Decided(NamedTuple):
+    """A plan's statuses (one per descriptor, in order) and how the request was decided: ``degraded``, the
+    failure mode that decided when the storage did not; ``late``: degraded because the caller's deadline was
+    running out, not because the storage failed; ``cached``: answered from this process's memory of over-limit
+    answers, not by the storage."""
+
+    statuses: list[Status]
+    degraded: FailureMode | None = None
+    late: bool = False
+    cached: bool = False
 
 
 NO_LIMIT = Status(limit=None)
@@ -209,15 +218,16 @@ class Limiter:
         """Whether ``plan`` was matched against the config in force now (after a reload it must be redone)."""
         return plan.config is self._config()
 
-    async def decide(self, plan: Plan, timeout: float | None = None) -> list[Status]:
-        """One Status per descriptor of ``plan``, in order; ``timeout`` (seconds) bounds the backend call.
+    async def decide(self, plan: Plan, timeout: float | None = None) -> Decided:
+        """One Status per descriptor of ``plan``, in order, and how they were decided; ``timeout`` (seconds)
+        bounds the backend call.
         Raises BackendUnavailable when the backend cannot decide and the failure mode is ``error``, and
         DeadlineExceeded when ``timeout`` ran out first and the failure mode is ``error`` (or ``timeout`` is
         too short for any other to answer in it). Any other failure mode answers ``ANSWER_MARGIN`` seconds
         before ``timeout`` runs out, so that the caller (Envoy: its filter's timeout) still hears it."""
         statuses = list(plan.statuses)
         if not plan.checks:
-            return statuses
+            return _tuple_new(Decided, (statuses, None, False, False))
         now = self._clock() if self._clock else None
         mode = plan.config.domains[plan.domain].failure_mode or self._options.failure_mode
         answer_late = mode is not FailureMode.ERROR and timeout is not None and timeout > 2 * ANSWER_MARGIN
@@ -235,21 +245,20 @@ class Limiter:
                 raise
             degraded = mode
             decision = await self._degraded(mode, plan.checks, now)
-        cached = decision.cached
         for index, outcome in zip(plan.counted, decision.outcomes, strict=True):
             s = statuses[index]
             # built by position, as a tuple: _replace goes through every field by name, and the NamedTuple's own
-            # __new__ is a Python function of eleven arguments (a third of the cost), every decision
+            # __new__ is a Python function of eight arguments (a third of the cost), every decision
             statuses[index] = _tuple_new(Status, (s.limit, outcome.over, outcome.remaining, outcome.reset_us,
-                                                  s.shadow, s.rule, s.quota, s.hits, degraded, late, cached))
-        return statuses
+                                                  s.shadow, s.rule, s.quota, s.hits))
+        return _tuple_new(Decided, (statuses, degraded, late, decision.cached))
 
     async def should_rate_limit(
         self, domain: str, descriptors: Sequence[Descriptor], hits_addend: int = 0, timeout: float | None = None
     ) -> list[Status]:
         """``decide(prepare(domain, descriptors, hits_addend), timeout)``: one Status per descriptor, in order.
         Raises BackendUnavailable and InvalidOverride."""
-        return await self.decide(self.prepare(domain, descriptors, hits_addend), timeout)
+        return (await self.decide(self.prepare(domain, descriptors, hits_addend), timeout)).statuses
 
     async def _degraded(self, mode: FailureMode, checks: Sequence[Check], now: int | None) -> Decision:
         """The decision of failure mode ``mode`` (allow, deny or local) for ``checks``."""
