@@ -27,7 +27,7 @@ from slidegate.limiter import Descriptor, InvalidOverride, Limiter, NoConfigLoad
 from slidegate.metric_keys import override_key, rule_key, same_for_every_request
 from slidegate.metrics import Count, LimitCounters, Metrics
 from slidegate.outage import OutageLog
-from slidegate.request import MAX_DESCRIPTORS, MAX_ENTRIES, InvalidRequest, Refusable, RefusedField, RequestPolicy
+from slidegate.request import InvalidRequest, Refusable, RefusedField, RequestPolicy, check_entries, check_outline
 from slidegate.text import printable
 
 # the logger decisions were always logged under, which operators filter by
@@ -134,17 +134,10 @@ def rejects(statuses: Sequence[Status]) -> bool:
 
 
 def check_shape(domain: str, descriptors: Sequence[Descriptor]) -> None:
-    """The bounds a request read from any format is held to (slidegate.request reads the wire's). Raises
-    InvalidRequest."""
-    if not domain:
-        raise InvalidRequest("rate limit domain must not be empty")
-    if not descriptors:
-        raise InvalidRequest("rate limit descriptor list must not be empty")
-    if len(descriptors) > MAX_DESCRIPTORS:
-        raise InvalidRequest(f"too many descriptors: {len(descriptors)} (at most {MAX_DESCRIPTORS})")
+    """The bounds a request of any edge is held to, as slidegate.request holds a call's. Raises InvalidRequest."""
+    check_outline(domain, descriptors)
     for index, d in enumerate(descriptors):
-        if len(d.entries) > MAX_ENTRIES:
-            raise InvalidRequest(f"descriptor {index}: too many entries: {len(d.entries)} (at most {MAX_ENTRIES})")
+        check_entries(index, d.entries)
 
 
 class Decider:

@@ -6,7 +6,7 @@ instead of failing the call; such bytes are kept as surrogate escapes, one chara
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,23 +63,34 @@ def _same(text: str) -> str:
     return text
 
 
+def check_outline(domain: str | bytes, descriptors: Sized) -> None:
+    """The bounds on a request as a whole (from any format: the decider checks its own requests with them).
+    Raises InvalidRequest."""
+    if not domain:
+        raise InvalidRequest("rate limit domain must not be empty")
+    if not descriptors:
+        raise InvalidRequest("rate limit descriptor list must not be empty")
+    if len(descriptors) > MAX_DESCRIPTORS:
+        raise InvalidRequest(f"too many descriptors: {len(descriptors)} (at most {MAX_DESCRIPTORS})")
+
+
+def check_entries(index: int, entries: Sized) -> None:
+    """The bound on descriptor ``index``'s entries. Raises InvalidRequest."""
+    if len(entries) > MAX_ENTRIES:
+        raise InvalidRequest(f"descriptor {index}: too many entries: {len(entries)} (at most {MAX_ENTRIES})")
+
+
 def parse_request(request: Request | rls_pb2.RateLimitRequest,
                   policy: RequestPolicy = RequestPolicy()) -> tuple[str, list[Descriptor]]:
     """Validate ``request`` (read leniently from a call's bytes, or a RateLimitRequest whose text is already
     text: the HTTP API's JSON) under ``policy``; return (domain, descriptors). Raises InvalidRequest with the
     reason (RefusedField for a field the policy refuses)."""
     text: Callable[[Any], str] = _same if isinstance(request, rls_pb2.RateLimitRequest) else _text
-    if not request.domain:
-        raise InvalidRequest("rate limit domain must not be empty")
-    if not request.descriptors:
-        raise InvalidRequest("rate limit descriptor list must not be empty")
-    if len(request.descriptors) > MAX_DESCRIPTORS:
-        raise InvalidRequest(f"too many descriptors: {len(request.descriptors)} (at most {MAX_DESCRIPTORS})")
+    check_outline(request.domain, request.descriptors)
     descriptors = []
     read: Sequence[Any] = request.descriptors  # either message's descriptors: the same fields
     for index, d in enumerate(read):
-        if len(d.entries) > MAX_ENTRIES:
-            raise InvalidRequest(f"descriptor {index}: too many entries: {len(d.entries)} (at most {MAX_ENTRIES})")
+        check_entries(index, d.entries)
         override = None
         if d.is_negative_hits and not policy.negative_hits:
             raise RefusedField(index, Refusable.NEGATIVE_HITS, "NEGATIVE_HITS_ENABLED")
