@@ -28,28 +28,23 @@ is not sent again). A rejected request keeps its answer: a replica that lags doe
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import logging
 import math
 import random
 from collections.abc import Sequence
-from typing import Any
 
-from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoPermissionError, NoScriptError, ReadOnlyError, ResponseError
+from redis.exceptions import ResponseError
 
 from slidegate.algorithms import Algorithm
 from slidegate.backends.base import BackendUnavailable, Check, Checks, DeadlineExceeded, Decision
 from slidegate.backends.batching import Batcher
 from slidegate.backends.breaker import Breaker
 from slidegate.backends.permits import Permits
-from slidegate.backends.redis_cluster import RETRY_FOR, ClusterRouter
-from slidegate.backends.redis_connect import TlsOptions, Topology, check_url, make_client, redact
-from slidegate.backends.redis_connections import Connections
+from slidegate.backends.redis_cluster import RETRY_FOR
+from slidegate.backends.redis_connect import TlsOptions, Topology, check_url, redact
 from slidegate.backends.redis_errors import STORAGE_ERRORS, reason
 from slidegate.backends.redis_sentinel import SentinelMaster
-from slidegate.backends.redis_wire import WireConnection
 from slidegate.backends.script_codec import (
     Part,
     Receipt,
@@ -62,9 +57,11 @@ from slidegate.backends.script_codec import (
     read_part,
     undo_args,
 )
+from slidegate.backends.script_runner import ScriptRunner
 from slidegate.backends.silence import Silence
 from slidegate.backends.spanning import decide_across, places
 from slidegate.backends.taskless import TasklessCalls
+from slidegate.backends.transport import open_transport
 from slidegate.logs import Repeated
 from slidegate.resources import lua_script
 
@@ -106,49 +103,34 @@ class RedisBackend:
                  breaker: Breaker | None = None, wait_replicas: int = 0, wait_timeout: float = 0.05,
                  expiry_jitter: float = 0.0, rng: random.Random | None = None, function: str = "") -> None:
         self._topology = target if isinstance(target, Topology) else Topology("single", target)
-        self._function = function
         self._timeout = timeout
         self._jitter_ms = round(expiry_jitter * 1000)
         self._rng = rng or random.Random()
-        if wait_replicas and self._topology.type == "cluster":
-            raise ValueError("waiting for replicas (REDIS_WAIT_REPLICAS) is not offered on a Redis Cluster")
         if wait_replicas and not 0.001 <= wait_timeout < timeout:
             raise ValueError(f"the wait for replicas ({wait_timeout:g} s) must be at least 1 ms and shorter than "
                              f"the timeout ({timeout:g} s)")
-        self._wait_replicas = wait_replicas
-        self._wait_ms = math.ceil(wait_timeout * 1000)
-        self._wait = pack(("WAIT", wait_replicas, self._wait_ms)) if wait_replicas else b""
-        # one connection more than calls may take: the health ping never waits behind the load
-        self._client = make_client(self._topology, timeout=timeout, pool_size=pool_size + 1)
         # redis-py's pools fail when full: waiting here keeps every node within pool_size connections
         self._permits = Permits(pool_size)
-        self._router = ClusterRouter(self._client) if isinstance(self._client, RedisCluster) else None
         self._silence = Silence(self.describe(), breaker)
-        # one Redis, or Sentinel's master: connections of our own between calls (redis-py's Cluster client follows
-        # redirects inside execute_command, so a cluster keeps its)
-        self._master: SentinelMaster | None = None
-        self._connections: Connections | None = None
-        if not isinstance(self._client, RedisCluster):
-            if self._topology.type == "sentinel":
-                self._master = SentinelMaster(self._client)
-                self._connections = Connections(self.describe(), self._silence, master=self._master)
-            else:
-                self._connections = Connections(self.describe(), self._silence, pool=self._client.connection_pool)
+        self._transport = open_transport(self._topology, timeout=timeout, pool_size=pool_size,
+                                         silence=self._silence, wait_replicas=wait_replicas,
+                                         wait_ms=math.ceil(wait_timeout * 1000))
+        self._runner = ScriptRunner(self._transport, lua_script([a.value for a in Algorithm]),
+                                    permits=self._permits, silence=self._silence, function=function)
         # most batches are written without a task; with REDIS_WAIT_REPLICAS each waits for its WAIT in one
+        connections = self._transport.batches
         taskless = None
-        if self._connections is not None and not wait_replicas:
-            taskless = TasklessCalls(self._connections, self._permits, self._silence, self._packed,
+        if connections is not None and not wait_replicas:
+            taskless = TasklessCalls(connections, self._permits, self._silence, self._packed,
                                      lambda requests, told: self._decide_many(requests, told=told))
-        # a cluster's requests span slots: only one Redis (or Sentinel's master) takes batches of requests
-        # (a batch's own bound: it outlives the callers that gave up on it, and a Redis that stopped answering
-        # would otherwise hold its place in flight for good; cut off, its connection is closed)
+        # only one Redis (or Sentinel's master) takes batches of requests: a cluster's span slots (a batch's
+        # own bound: it outlives the callers that gave up on it, and a Redis that stopped answering would
+        # otherwise hold its place in flight for good; cut off, its connection is closed)
         self._batcher: Batcher[Request, Decision | Part] = Batcher(
             self._decide_many, batch_timeout=timeout,
             on_cut_off=lambda: self._silence.failed(f"no answer within {timeout * 1000:.0f} ms"),
             weight=lambda request: len(request[0]), max_weight=MAX_BATCH_CHECKS,
             start=None if taskless is None else taskless.start)
-        self._script = lua_script([a.value for a in Algorithm])
-        self._sha = hashlib.sha1(self._script.encode()).hexdigest()
         self._warm = False  # the script loaded and connections opened (by the first ping that worked)
         # a token bucket's hold waits this long for its undo (a decision and a compensating call, each within
         # the timeout), then is confirmed: an undo arriving later gives nothing back. Longer holds would cost
@@ -165,7 +147,7 @@ class RedisBackend:
     @property
     def sentinel(self) -> SentinelMaster | None:
         """With Sentinel (REDIS_TYPE=sentinel), what follows the master its calls go to; None otherwise."""
-        return self._master
+        return self._transport.sentinel
 
     async def decide(
         self, checks: Sequence[Check], now_us: int | None = None, timeout: float | None = None
@@ -181,7 +163,7 @@ class RedisBackend:
         caller_first = timeout is not None and timeout < self._timeout
         bound = timeout if timeout is not None and caller_first else self._timeout
         try:
-            if self._router is None:
+            if self._transport.batches is not None:
                 decision = await self._batcher.send((checks, clock, False), bound, grace=not caller_first)
                 if not isinstance(decision, Decision):
                     raise TypeError("a request that cannot be undone is answered with a Decision")
@@ -210,14 +192,14 @@ class RedisBackend:
         sent before ``until`` (the event loop's time) or not at all. One Redis (or Sentinel's master): in the
         next batch, whose answer is awaited once it is sent, whatever the time (so that it can be undone); a
         cluster: a script call of its own."""
-        if self._router is None:
+        if self._transport.batches is not None:
             left = None if until is None else until - asyncio.get_running_loop().time()
             part = await self._batcher.submit((checks, clock, True), left, settle=True)
             if not isinstance(part, Part):
                 raise TypeError("a request that may be undone is answered with a Part")
             return part
         keys, args = decide_args([(checks, clock, True)], self._hold_us, self._jitter())
-        reply = await self._eval(keys, args, until)
+        reply = await self._runner.run(keys, args, until)
         return read_part(reply, 0, len(checks))[0]
 
     def start_undo(self, undo: list[tuple[Check, Receipt]], clock: str | int) -> asyncio.Task[None]:
@@ -242,7 +224,7 @@ class RedisBackend:
         calls = []
         until = asyncio.get_running_loop().time() + RETRY_FOR
         for items in slots.values():
-            calls.append(self._eval(*undo_args(items, clock, self._jitter()), until))
+            calls.append(self._runner.run(*undo_args(items, clock, self._jitter()), until))
         for result in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(result, BaseException):
                 raise result
@@ -258,7 +240,7 @@ class RedisBackend:
 
     def slot(self, key: str) -> int:
         """``key``'s hash slot on a cluster; 0 elsewhere (one Redis decides every key in one call)."""
-        return 0 if self._router is None else self._router.slot(key)
+        return self._transport.slot(key)
 
     async def _decide_many(self, requests: list[Request], *,
                            told: ResponseError | None = None) -> list[Decision | Part | Unconfirmed]:
@@ -273,7 +255,7 @@ class RedisBackend:
             keys, args = decide_args(batch, self._hold_us, self._jitter())
             unconfirmed = None
             try:
-                reply = await self._eval(keys, args, told=told)
+                reply = await self._runner.run(keys, args, told=told)
             except Unconfirmed as exc:
                 reply, unconfirmed = exc.reply, exc
             answers += read_answers(batch, reply, unconfirmed)
@@ -285,7 +267,7 @@ class RedisBackend:
         if len(requests) == 1 and requests[0][1] == "" and not self._jitter_ms:
             return self._lone_call(requests[0])
         keys, args = decide_args(requests, self._hold_us, self._jitter())
-        return pack(self._script_call(keys, args))
+        return pack(self._runner.command(keys, args))
 
     def _lone_call(self, request: Request) -> bytes:
         """The packed script call deciding ``request`` alone, with Redis's clock and no jitter. A request that goes
@@ -298,16 +280,10 @@ class RedisBackend:
         if kept is not None and kept[0] is self:
             return kept[1]
         keys, args = decide_args([request], self._hold_us, self._jitter())
-        packed = pack(self._script_call(keys, args))
+        packed = pack(self._runner.command(keys, args))
         if type(checks) is Checks and not undoable:
             checks.packed = (self, packed)
         return packed
-
-    def _script_call(self, keys: list[str], args: list[str | int]) -> tuple[str | int, ...]:
-        """The command that runs the script (or ``function``) on ``keys`` with ``args``, both ways a batch is sent."""
-        if self._function:
-            return ("FCALL", self._function, len(keys), *keys, *args)
-        return ("EVALSHA", self._sha, len(keys), *keys, *args)
 
     async def decide_given(self, checks: Sequence[Check], clock: str | int) -> Decision:
         """``checks`` in one call that cannot be undone, where none can be unconfirmed (a cluster slot's, or hits
@@ -319,130 +295,28 @@ class RedisBackend:
             raise TypeError("a request that cannot be undone is answered with a Decision")
         return answer
 
-    async def _eval(self, keys: list[str], args: list[str | int], until: float | None = None, *,
-                    told: ResponseError | None = None) -> list[int]:
-        """The script's reply; ``until`` (the event loop's time): a call not sent by then is not sent (on a cluster,
-        TimeoutError waiting for a connection, or the CLUSTERDOWN or TRYAGAIN reply that kept it back).
-        ``told``: the call was already answered (slidegate.backends.taskless) NOSCRIPT, so it goes with EVAL at
-        once, or READONLY, so it is not sent again for another."""
-        if until is None:
-            await self._permits.take()
-        else:
-            async with asyncio.timeout_at(until):
-                await self._permits.take()
-        told_readonly = isinstance(told, ReadOnlyError)
-        try:
-            if not isinstance(told, NoScriptError):
-                try:
-                    return await self._execute(keys, until, *self._script_call(keys, args),
-                                               told_readonly=told_readonly)
-                except NoScriptError:
-                    pass
-            # Nothing ran. EVAL caches the script on the node that runs it (a new master after a failover).
-            return await self._execute(keys, until, "EVAL", self._script, len(keys), *keys, *args,
-                                       told_readonly=told_readonly)
-        finally:
-            self._permits.give()
-
-    async def _execute(self, keys: list[str], until: float | None, *command: str | int,
-                       told_readonly: bool = False) -> list[int]:
-        asking = self._silence.ask(asyncio.get_running_loop())
-        try:
-            try:
-                return await self._round_trip(keys, command, until)
-            except ReadOnlyError:
-                if self._master is None or told_readonly:
-                    raise
-                # a replica, so nothing was written (see the module docstring): once more, to the master the
-                # Sentinels name now (a second READONLY fails the call)
-                return await self._round_trip(keys, command, until)
-        finally:
-            self._silence.forget(asking)
-
-    async def _round_trip(self, keys: list[str], command: tuple[str | int, ...], until: float | None) -> list[int]:
-        if self._router is not None:
-            try:
-                reply: list[int] = await self._router.execute(keys[0], *command, until=until)
-            except ResponseError:
-                self._silence.answered()  # an error reply: Redis is there
-                raise
-            except STORAGE_ERRORS as exc:
-                # redis-py's Cluster client does not say whether the connection was new: counted
-                self._silence.failed(reason(exc))
-                raise
-            self._silence.answered()
-            return reply
-        reply, _ = await self._direct(command, script=True)
-        return reply
-
-    async def _direct(self, command: tuple[str | int, ...], *, script: bool) -> tuple[Any, WireConnection]:
-        """``command``'s reply on a connection of our own to the one Redis, or to Sentinel's master, and that
-        connection (given back: it tells which node answered). ``script``: a script call, followed by WAIT when
-        wait_replicas is set, and counted for the breaker. Raises an error reply as its ResponseError."""
-        if self._connections is None:
-            raise RuntimeError("a cluster's connections are redis-py's")
-        waits = script and bool(self._wait_replicas)
-        reply, acked, connection = await self._connections.execute(command, script=script,
-                                                                   wait=self._wait if waits else b"")
-        if waits and acked < self._wait_replicas:
-            # the script ran and counted: not sent again, but its admissions not answered as if a failover
-            # could not lose them (_decide_many)
-            raise Unconfirmed(reply, f"{self.describe()}: the hits reached {acked} of {self._wait_replicas} "
-                                     f"replicas within {self._wait_ms} ms (REDIS_WAIT_REPLICAS)")
-        return reply, connection
-
     async def ping(self) -> None:
-        """Raise BackendUnavailable unless Redis (on a cluster: every master) answers PING in time (Sentinel's
-        master: ROLE, as a master, Connections.ping). A ping that fails is tried once more, on another connection:
-        a killed idle connection is no sign of Redis failing, and a second failure counts for the breaker.
-        Takes no place of the calls': load cannot starve it."""
+        """Raise BackendUnavailable unless Redis (on a cluster: every master) answers in time (the transport's
+        ping). A ping that fails is tried once more, on another connection: a killed idle connection is no sign
+        of Redis failing, and a second failure counts for the breaker. Takes no place of the calls': load cannot
+        starve it. The first that works warms the service up: the script loaded on every master and the
+        connections batches use opened (the first call to a cold service took 19 ms, past Envoy's default
+        deadline of 20 ms with its own way there)."""
         for attempt in range(2):
             try:
                 async with asyncio.timeout(self._timeout):
-                    if self._router is not None:
-                        await self._router.ping()
-                    elif self._master is not None and self._connections is not None:
-                        await self._connections.ping()
-                    else:
-                        await self._client.ping()
+                    await self._transport.ping()
                     if not self._warm:
-                        await self._warm_up()
-                    if self._wait_replicas:
-                        await self._check_replicas()
+                        await self._runner.load()
+                        self._warm = True
                 return
             except STORAGE_ERRORS as exc:
                 if attempt == 1:
                     self._silence.failed(f"ping: {reason(exc)}")
                     raise self.unavailable(exc) from exc
 
-    async def _check_replicas(self) -> None:
-        """Raise BackendUnavailable (no evidence for the breaker: Redis answers) when the master has fewer
-        replicas than REDIS_WAIT_REPLICAS: every admission would then wait for WAIT and get the failure mode."""
-        try:
-            role, _ = await self._direct(("ROLE",), script=False)
-        except NoPermissionError:
-            return  # an ACL without ROLE: the failed WAITs tell
-        replicas = len(role[2]) if role[0] in (b"master", "master") and len(role) > 2 else 0
-        if replicas < self._wait_replicas:
-            raise BackendUnavailable(f"{self.describe()}: {replicas} replicas connected; REDIS_WAIT_REPLICAS needs "
-                                     f"{self._wait_replicas}, so no admission can be confirmed")
-
-    async def _warm_up(self) -> None:
-        """Make the first calls as quick as the next (the health ping does this before the service says it is
-        serving): the script loaded on every master, and the two connections batches use opened (the first call
-        to a cold service took 19 ms, past Envoy's default deadline of 20 ms with its own way there)."""
-        if self._router is not None:
-            await self._router.on_every_master("SCRIPT", "LOAD", self._script)
-        else:
-            await self._direct(("SCRIPT", "LOAD", self._script), script=False)
-            if self._connections is not None:
-                await self._connections.warm(2)
-        self._warm = True
-
     async def close(self) -> None:
         self._silence.stop()
         if self._undoing:  # compensating calls still running: their hits would otherwise stay counted
             await asyncio.wait(set(self._undoing), timeout=self._timeout)
-        if self._connections is not None:
-            await self._connections.close()
-        await self._client.aclose()
+        await self._transport.close()

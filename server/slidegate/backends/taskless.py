@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
+from redis.exceptions import ReadOnlyError, ResponseError
 
 from slidegate.backends.base import Decision
 from slidegate.backends.batching import Flight
@@ -18,6 +18,7 @@ from slidegate.backends.permits import Permits
 from slidegate.backends.redis_connections import Connections
 from slidegate.backends.redis_wire import WireConnection
 from slidegate.backends.script_codec import Part, Request, Unconfirmed, read_answers, read_decision
+from slidegate.backends.script_runner import ran_nowhere
 from slidegate.backends.silence import Silence
 
 Resend = Callable[[list[Request], ResponseError], Awaitable[list[Decision | Part | Unconfirmed]]]
@@ -95,8 +96,7 @@ class TasklessCalls:
         self._silence.answered()  # an error reply too: Redis is there
         self._connections.keep(connection)
         if isinstance(reply, ResponseError):
-            if isinstance(reply, NoScriptError) or (isinstance(reply, ReadOnlyError)
-                                                   and self._connections.follows_master):
+            if ran_nowhere(reply, self._connections.follows_master):
                 self._send_again(requests, flight, reply, connection)
             else:
                 flight.landed(reply)
