@@ -1,7 +1,8 @@
 """Rate-limit configuration: the YAML format of envoyproxy/ratelimit, loaded into an immutable model."""
 
+from slidegate.config.builder import LoadOptions
 from slidegate.config.errors import ConfigError, ConfigIssue
-from slidegate.config.loader import LoadOptions, load_directory, load_file
+from slidegate.config.loader import load_directory, load_file
 from slidegate.config.model import Config, DescriptorNode, DomainConfig, Level, Match, RateLimit
 
 __all__ = [

@@ -1,10 +1,12 @@
-"""Config from xDS resources (envoyproxy/ratelimit's RateLimitConfig messages): each resource is turned into the
-YAML document a file would hold and loaded by the same loader, so that a config over xDS is valid exactly when the
-same limits in files are, with the same errors; the resource's ``name`` stands for the file in them.
+"""Config from xDS resources (envoyproxy/ratelimit's RateLimitConfig messages), built by the same builder as a
+file's (slidegate.config.builder), so that a config over xDS is valid exactly when the same limits in files are,
+with the same errors; the resource's ``name`` stands for the file in them, and they have no lines (the field paths
+say where).
 
 The mapping is the reference's (``src/config/config_xds.go``): ``unit`` is the enum's name (UNKNOWN, the unset
-unit, is left out, so it is an error unless ``unlimited``); flags that are false and empty strings are absent,
-as proto3 cannot tell them from unset; ``metadata`` is the Struct as JSON holds it (numbers are doubles).
+unit, is left out, so it is an error unless ``unlimited``; a number the enum does not name is its digits, as Go's
+String() writes it, and refused as any unknown unit); flags that are false and empty strings are absent, as proto3
+cannot tell them from unset; ``metadata`` is the Struct as JSON holds it (numbers are doubles).
 """
 
 from __future__ import annotations
@@ -12,72 +14,85 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import yaml
-from google.protobuf import json_format
+from google.protobuf import struct_pb2
 
 from slidegate._proto.ratelimit.config.ratelimit.v3 import rls_conf_pb2
+from slidegate.config.builder import MAX_MAPPINGS, Built, Fields, GiveUp, LoadOptions, Sink, assemble, build_domain
 from slidegate.config.errors import ConfigError, ConfigIssue
-from slidegate.config.loader import MAX_MAPPINGS, LoadOptions, load_texts
-from slidegate.config.model import Config
+from slidegate.config.model import Config, DomainConfig, Level
 
 TYPE_URL = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig"
 _FLAGS = ("shadow_mode", "detailed_metric", "quota_mode")
+_UNITS = dict(rls_conf_pb2.RateLimitUnit.items())
+_UNIT_NAMES = {number: name for name, number in _UNITS.items()}
 
 
-def _policy(policy: rls_conf_pb2.RateLimitPolicy) -> dict[str, Any]:
-    out: dict[str, Any] = {"requests_per_unit": policy.requests_per_unit}
+def _policy(policy: rls_conf_pb2.RateLimitPolicy) -> Fields:
+    values: dict[str, Any] = {"requests_per_unit": policy.requests_per_unit}
     if policy.unit != rls_conf_pb2.UNKNOWN:
-        # a number the enum does not name is written as the number, as Go's String() does, and refused by the
-        # loader as any unknown unit
-        named = policy.unit in rls_conf_pb2.RateLimitUnit.values()
-        out["unit"] = rls_conf_pb2.RateLimitUnit.Name(policy.unit) if named else str(policy.unit)
+        values["unit"] = _UNIT_NAMES.get(policy.unit) or str(policy.unit)
     if policy.unlimited:
-        out["unlimited"] = True
+        values["unlimited"] = True
     if policy.name:
-        out["name"] = policy.name
+        values["name"] = policy.name
     if policy.replaces:
-        out["replaces"] = [{"name": r.name} for r in policy.replaces]
-    return out
+        values["replaces"] = [Fields({"name": r.name}) for r in policy.replaces]
+    return Fields(values)
 
 
-def _descriptor(descriptor: rls_conf_pb2.RateLimitDescriptor) -> dict[str, Any]:
-    out: dict[str, Any] = {"key": descriptor.key}
+def _descriptor(descriptor: rls_conf_pb2.RateLimitDescriptor) -> Fields:
+    values: dict[str, Any] = {"key": descriptor.key}
     if descriptor.value:
-        out["value"] = descriptor.value
+        values["value"] = descriptor.value
     if descriptor.HasField("rate_limit"):
-        out["rate_limit"] = _policy(descriptor.rate_limit)
+        values["rate_limit"] = _policy(descriptor.rate_limit)
     if descriptor.descriptors:
-        out["descriptors"] = [_descriptor(d) for d in descriptor.descriptors]
+        values["descriptors"] = [_descriptor(d) for d in descriptor.descriptors]
     for flag in _FLAGS:
         if getattr(descriptor, flag):
-            out[flag] = True
+            values[flag] = True
     if descriptor.HasField("metadata"):
-        out["metadata"] = json_format.MessageToDict(descriptor.metadata)
-    return out
+        values["metadata"] = _struct(descriptor.metadata)
+    return Fields(values)
 
 
-def to_yaml(resource: rls_conf_pb2.RateLimitConfig) -> str:
-    """The YAML document of ``resource``, as a config file would say it."""
-    document: dict[str, Any] = {"domain": resource.domain}
-    if resource.descriptors:
-        document["descriptors"] = [_descriptor(d) for d in resource.descriptors]
-    return yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
+def _struct(struct: struct_pb2.Struct) -> dict[str, Any]:
+    return {key: _value(value) for key, value in struct.fields.items()}
+
+
+def _value(value: struct_pb2.Value) -> Any:
+    """A Struct's value as JSON holds it; a NaN or an infinity is kept, for the builder to refuse."""
+    which = value.WhichOneof("kind")
+    if which == "struct_value":
+        return _struct(value.struct_value)
+    if which == "list_value":
+        return [_value(v) for v in value.list_value.values]
+    return None if which in (None, "null_value") else getattr(value, which)
 
 
 def _count(descriptors: Sequence[rls_conf_pb2.RateLimitDescriptor]) -> int:
     return sum(1 + d.HasField("rate_limit") + _count(d.descriptors) for d in descriptors)
 
 
+def _build(resource: rls_conf_pb2.RateLimitConfig, options: LoadOptions) -> Built:
+    sink = Sink(resource.name, options)
+    root: dict[str, Any] = {"domain": resource.domain}
+    if resource.descriptors:
+        root["descriptors"] = [_descriptor(d) for d in resource.descriptors]
+    try:
+        return build_domain(sink, Fields(root)), 0, sink.issues
+    except GiveUp as exc:
+        sink.issues.add(ConfigIssue(resource.name, 0, "", str(exc)))
+    except RecursionError:  # protobuf reads 100 levels; a recursion limit set lower than that
+        sink.issues.add(ConfigIssue(resource.name, 0, "", "descriptors nested too deeply"))
+    return DomainConfig(domain="", root=Level(), source=resource.name), 0, sink.issues
+
+
 def load_resources(resources: Sequence[rls_conf_pb2.RateLimitConfig], version: str, options: LoadOptions) -> Config:
     """The config of a whole state-of-the-world response (``version``: its version_info). Raises ConfigError with
-    every problem, each naming its resource; their lines are left out (they would count lines of YAML that only
-    this module ever saw), the field paths say where."""
+    every problem, each naming its resource and the field path."""
     for resource in resources:
-        # the loader's bound, counted on the message: a snapshot far past it is refused before its YAML is built
+        # the file loader's bound, counted on the message before anything is built
         if _count(resource.descriptors) > MAX_MAPPINGS:
             raise ConfigError([ConfigIssue(resource.name, 0, "", f"more than {MAX_MAPPINGS} descriptors and limits")])
-    try:
-        config = load_texts([(r.name, to_yaml(r)) for r in resources], options)
-    except ConfigError as exc:
-        raise ConfigError([ConfigIssue(i.file, 0, i.field, i.message) for i in exc.issues], exc.more) from None
-    return Config(domains=config.domains, version=version)
+    return assemble([_build(r, options) for r in resources], options, version)
