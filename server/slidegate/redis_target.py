@@ -73,7 +73,7 @@ class RedisTarget:
         a socket path (SOCKET_TYPE=unix) → unix:// with the path made absolute."""
         url = self.url.strip()
         if self.type is not RedisType.SINGLE or not url or "://" in url:
-            return self
+            return dataclasses.replace(self, url=url)
         unix = self.socket_type is SocketType.UNIX
         return dataclasses.replace(self, url="unix://" + os.path.abspath(url) if unix else "redis://" + url)
 
