@@ -15,9 +15,10 @@ after its start, answered before its end), so the count has no false alarms. Adm
 longer holds at the end were lost (a restart without persistence, a failover before replication); a limit
 admits those hits again, so what they explain is reported as lost, not as over-admitted.
 
-The deadline phases (pause-*) are Envoy's defaults: 20 ms deadlines, FAILURE_MODE allow, deny or local, Redis
-paused for 3 s (CLIENT PAUSE WRITE or ALL) while 16 clients hammer one key known to be over limit; the measured
-calls each name a key of their own with room, so only Redis or the failure mode can answer them.
+The deadline phases (pause-*, sleep-*) are Envoy's defaults: 20 ms deadlines, FAILURE_MODE allow, deny or local,
+Redis paused for 3 s (CLIENT PAUSE WRITE or ALL; DEBUG SLEEP 3, which stops it answering anything) while 16
+clients hammer one key known to be over limit; the measured calls each name a key of their own with room, so
+only Redis or the failure mode can answer them.
 
 Columns: calls measured (after a second of warm-up); over-admitted (must be 0); admitted hits lost; UNAVAILABLE;
 late (the call's deadline passed first: Envoy treats both as an error and, by default, lets the request
@@ -366,10 +367,13 @@ def client_pause(which: str) -> Callable[[RedisServer], float | None]:
     return pause
 
 
-def debug_sleep(server: RedisServer) -> float | None:
-    with admin(server) as r:
-        r.execute_command("DEBUG", "SLEEP", 1)
-    return None
+def debug_sleep(seconds: int) -> Callable[[RedisServer], float | None]:
+    def sleep(server: RedisServer) -> float | None:
+        with admin(server) as r:
+            r.execute_command("DEBUG", "SLEEP", seconds)
+        return None
+
+    return sleep
 
 
 def restart(server: RedisServer) -> float | None:
@@ -458,12 +462,14 @@ PHASES: dict[str, Phase] = {
     "client-kill": Phase("single", single(client_kill)),
     "script-flush": Phase("single", single(script_flush)),
     "client-pause": Phase("single", single(client_pause("WRITE"))),
-    "debug-sleep": Phase("single", single(debug_sleep)),
+    "debug-sleep": Phase("single", single(debug_sleep(1))),
     "restart": Phase("single", single(restart)),
     "hostile-input": Phase("single", hostile),
     **{f"pause-{which.lower()}-{mode}": Phase("single", single(client_pause(which)), (("FAILURE_MODE", mode),),
                                               DEADLINE_LOAD)
        for mode in ("allow", "deny", "local") for which in ("WRITE", "ALL")},
+    **{f"sleep-{mode}": Phase("single", single(debug_sleep(3)), (("FAILURE_MODE", mode),), DEADLINE_LOAD)
+       for mode in ("allow", "deny", "local")},
     "sentinel-failover": Phase("sentinel", sentinel_failover, (("REDIS_TYPE", "sentinel"),)),
     "sentinel-master-kill": Phase("sentinel", sentinel_master_kill, (("REDIS_TYPE", "sentinel"),)),
     "cluster-master-kill": Phase("cluster", cluster_master_kill, (("REDIS_TYPE", "cluster"),)),
