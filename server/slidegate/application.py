@@ -94,7 +94,8 @@ def make_quota_storage(settings: Settings) -> QuotaStorage:
     # a report is rare, so it may wait longer than a decision; but the ledger allows its answer SLACK_MS to reach
     # Envoy, and a script that ran just before its call timed out counts from when it ran
     timeout = min(settings.redis_timeout * 4, SLACK_MS / 2000)
-    return RedisQuotas(_topology(settings, settings.redis), timeout=timeout)
+    # the breaker as the decisions' (one per Redis client): a dead Redis costs a report microseconds, not a timeout
+    return RedisQuotas(_topology(settings, settings.redis), timeout=timeout, breaker=Breaker())
 
 
 def make_statsd_sink(settings: Settings, store: StatsStore, environ: Mapping[str, str]) -> StatsdSink | None:

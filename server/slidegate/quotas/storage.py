@@ -1,5 +1,6 @@
-"""Where the quota ledgers live: Redis (lua/quota.lua, one atomic call per report, shared by every replica) or
-this process's memory (slidegate.quotas.ledger itself). Both keep the same books (tests compare them)."""
+"""Where the quota ledgers live: Redis (lua/quota.lua, one atomic call per report through the script runner,
+shared by every replica) or this process's memory (slidegate.quotas.ledger itself). Both keep the same books
+(tests compare them)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoScriptError
-
-from slidegate.backends.redis_connect import Topology, make_client
+from slidegate.backends.base import BackendUnavailable
+from slidegate.backends.breaker import Breaker
+from slidegate.backends.permits import Permits
+from slidegate.backends.redis_connect import Topology
+from slidegate.backends.redis_errors import STORAGE_ERRORS, reason
+from slidegate.backends.script_runner import ScriptRunner
+from slidegate.backends.silence import Silence
+from slidegate.backends.transport import open_transport
 from slidegate.quotas import ledger
 from slidegate.quotas.ledger import Assignment, HolderTaken
 from slidegate.resources import resource_dir
@@ -28,6 +32,12 @@ class Quota:
     window_ms: int
 
 
+# how many holders go back at once: each its own script call (a ledger is one key, each in its own slot on a
+# cluster), at most the permits' at Redis; a stream's hundreds of buckets in a few rounds, each short enough
+# not to hold other streams' reports back for long
+GIVE_BACK_BATCH = 128
+
+
 @dataclass(frozen=True, slots=True)
 class Departure:
     """A holder whose stream ended: released, or, with ``owner`` (that stream), detached for its Envoy's next
@@ -39,17 +49,13 @@ class Departure:
     owner: str = ""
 
 
-# how many holders go back in one Redis round trip (one pipeline): a stream's hundreds of buckets in a few, each
-# short enough not to hold other streams' reports back for long
-GIVE_BACK_BATCH = 128
-
-
 class QuotaStorage(Protocol):
     async def report(self, quota: Quota, holder: str, allowed: int, denied: int, elapsed_ms: int, owner: str,
                      now_ms: int | None = None) -> Assignment:
         """Book ``holder``'s report from the stream ``owner``; return its bucket from now on
         (slidegate.quotas.ledger.report). ``now_ms`` overrides the storage's clock (tests). Raises HolderTaken
-        when another stream reports it, anything else on a storage failure."""
+        when another stream reports it, BackendUnavailable on a storage failure (or a refusal: the storage is
+        known to be failing)."""
         ...
 
     async def release(self, quota: Quota, holder: str, unsure: int = 0, now_ms: int | None = None) -> None:
@@ -149,33 +155,49 @@ class MemoryQuotas:
 
 class RedisQuotas:
     """Ledgers in Redis, one hash per quota, changed by lua/quota.lua (Redis TIME: one clock for every
-    replica). A bucket reports once every 5 s, not once per request, so redis-py carries the calls."""
+    replica), run by the script runner on the topology's transport as the decisions are. ``timeout``: seconds
+    a call may take, waiting for a permit (one of ``pool_size``) included; ``breaker``: calls fail at once
+    while Redis is failing (slidegate.backends.breaker), as do calls while Redis has been silent longer than
+    ``timeout`` (Silence.refusal). Every failure is a BackendUnavailable."""
 
-    def __init__(self, topology: Topology, *, timeout: float, pool_size: int = 8) -> None:
-        self._client: aioredis.Redis | RedisCluster = make_client(topology, timeout=timeout, pool_size=pool_size)
-        # redis-py's pools fail when full: calls beyond the pool wait here
-        self._permits = asyncio.Semaphore(pool_size)
+    def __init__(self, topology: Topology, *, timeout: float, pool_size: int = 8,
+                 breaker: Breaker | None = None) -> None:
+        self._name = f"quotas at {topology.describe()}"
         self._timeout = timeout
-        self._script = (resource_dir("lua") / "quota.lua").read_text(encoding="utf-8")
-        self._sha = ""
+        self._silence = Silence(self._name, breaker)
+        self._transport = open_transport(topology, timeout=timeout, pool_size=pool_size, silence=self._silence)
+        script = (resource_dir("lua") / "quota.lua").read_text(encoding="utf-8")
+        self._runner = ScriptRunner(self._transport, script, permits=Permits(pool_size), silence=self._silence)
+        self._warm = False
 
     async def warm(self) -> None:
         # the first answer of a new bucket is awaited by every request Envoy lets through meanwhile
-        if not self._sha:
-            async with self._permits, asyncio.timeout(self._timeout):
-                self._sha = await self._client.script_load(self._script)
+        if self._warm:
+            return
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._transport.ping()
+                await self._runner.load()
+        except STORAGE_ERRORS as exc:
+            raise self._unavailable(exc) from exc
+        self._warm = True
+
+    def _unavailable(self, exc: BaseException) -> BackendUnavailable:
+        return BackendUnavailable(f"{self._name}: {reason(exc)}")
 
     async def _call(self, quota: Quota, *args: str | int) -> Any:
+        refusal = self._silence.refusal(self._timeout)
+        if refusal is not None:
+            raise refusal
         # a Redis that stops answering (paused, a network black hole) must not hold a stream's answers forever
-        async with self._permits, asyncio.timeout(self._timeout):
-            client: Any = self._client
-            if self._sha:
-                try:
-                    return await client.evalsha(self._sha, 1, quota.key, *args)
-                except NoScriptError:
-                    pass  # Redis restarted or flushed its scripts: load it again
-            self._sha = await client.script_load(self._script)
-            return await client.evalsha(self._sha, 1, quota.key, *args)
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await self._runner.run([quota.key], list(args))
+        except TimeoutError as exc:
+            self._silence.failed(f"no answer within {self._timeout * 1000:.0f} ms")
+            raise self._unavailable(exc) from exc
+        except STORAGE_ERRORS as exc:
+            raise self._unavailable(exc) from exc
 
     async def report(self, quota: Quota, holder: str, allowed: int, denied: int, elapsed_ms: int, owner: str,
                      now_ms: int | None = None) -> Assignment:
@@ -193,45 +215,29 @@ class RedisQuotas:
         await self._call(quota, "detach", "", quota.limit, quota.window_ms, holder, owner, unsure)
 
     async def give_back(self, departures: Sequence[Departure]) -> list[Exception]:
-        # a script call per holder (each ledger its own key, in its own slot on a cluster), pipelined: awaited one
-        # by one, each costs a round trip and most of its time in redis-py and the event loop, which thousands of
-        # holders of streams ending at once wait for in turn
+        # a call per holder, GIVE_BACK_BATCH at once (the permits bound those at Redis): awaited one by one, each
+        # would cost a round trip, which thousands of holders of streams ending at once would wait for in turn
         failed: list[Exception] = []
         for start in range(0, len(departures), GIVE_BACK_BATCH):
             batch = departures[start:start + GIVE_BACK_BATCH]
-            try:
-                async with self._permits, asyncio.timeout(self._timeout):
-                    replies = await self._give_back(batch)
-            except Exception as exc:  # the whole batch: any of it may or may not have been taken back
-                failed += [exc] * len(batch)
-                continue
-            failed += [reply for reply in replies if isinstance(reply, Exception)]
+            replies = await asyncio.gather(*(self._depart(d) for d in batch), return_exceptions=True)
+            for reply in replies:
+                if isinstance(reply, BackendUnavailable):
+                    failed.append(reply)
+                elif isinstance(reply, BaseException):
+                    raise reply
         return failed
 
-    async def _give_back(self, batch: Sequence[Departure]) -> list[Any]:
-        if not self._sha:
-            self._sha = await self._client.script_load(self._script)
-        replies = await self._pipeline(batch)
-        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-        if missing:  # Redis restarted or flushed its scripts (on one node of a cluster, maybe): load it again
-            self._sha = await self._client.script_load(self._script)
-            for i, reply in zip(missing, await self._pipeline([batch[i] for i in missing]), strict=True):
-                replies[i] = reply
-        return replies
-
-    async def _pipeline(self, batch: Sequence[Departure]) -> list[Any]:
-        pipe: Any = self._client.pipeline(transaction=False)
-        for d in batch:
-            q = d.quota
-            if d.owner:
-                pipe.evalsha(self._sha, 1, q.key, "detach", "", q.limit, q.window_ms, d.holder, d.owner, d.unsure)
-            else:
-                pipe.evalsha(self._sha, 1, q.key, "release", "", q.limit, q.window_ms, d.holder, d.unsure)
-        return list(await pipe.execute(raise_on_error=False))
+    async def _depart(self, d: Departure) -> None:
+        if d.owner:
+            await self.detach(d.quota, d.holder, d.owner, d.unsure)
+        else:
+            await self.release(d.quota, d.holder, d.unsure)
 
     async def booked(self, quota: Quota, now_ms: int | None = None) -> int:
         return int(await self._call(quota, "booked", "" if now_ms is None else now_ms, quota.limit,
                                     quota.window_ms))
 
     async def close(self) -> None:
-        await self._client.aclose()
+        self._silence.stop()
+        await self._transport.close()
