@@ -20,6 +20,7 @@ from slidegate.failure_modes import FailureMode
 from slidegate.heap import Heap
 from slidegate.limiter import Limiter, LimiterOptions
 from slidegate.metrics import Metrics
+from slidegate.quotas.fallback import Fallback
 from slidegate.quotas.ledger import SLACK_MS
 from slidegate.quotas.service import QuotaService
 from slidegate.quotas.storage import MemoryQuotas, QuotaStorage, RedisQuotas
@@ -82,7 +83,8 @@ def build(settings: Settings, *, clock: Callable[[], int] | None = None, heap: H
     ), metrics, heap, RequestPolicy(negative_hits=settings.negative_hits_enabled,
                                     limit_overrides=settings.limit_override_enabled))
     quotas = QuotaService(limiter, make_quota_storage(settings), metrics.registry,
-                          max_buckets=settings.rlqs_max_buckets_per_stream)
+                          max_buckets=settings.rlqs_max_buckets_per_stream,
+                          fallback=Fallback(settings.failure_mode, settings.local_limit_replicas))
     return Application(settings, load, holder, metrics, backend, limiter, service, quotas)
 
 

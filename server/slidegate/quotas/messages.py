@@ -52,10 +52,10 @@ def abandoned(bucket_id: rlqs_pb2.BucketId) -> Response.BucketAction:
     return action
 
 
-def blanket(bucket_id: rlqs_pb2.BucketId, rule: int) -> Response.BucketAction:
+def blanket(bucket_id: rlqs_pb2.BucketId, rule: int, ttl_ms: int = TTL_MS) -> Response.BucketAction:
     action = Response.BucketAction(bucket_id=bucket_id)
     assignment = action.quota_assignment_action
-    assignment.assignment_time_to_live.FromMilliseconds(TTL_MS)
+    assignment.assignment_time_to_live.FromMilliseconds(ttl_ms)
     assignment.rate_limit_strategy.blanket_rule = rule  # type: ignore[assignment]  # an int of the enum
     return action
 

@@ -24,12 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from slidegate._proto.envoy.service.rate_limit_quota.v3 import rlqs_pb2
 from slidegate.config import Config
+from slidegate.failure_modes import FailureMode
 from slidegate.limiter import Descriptor, Limiter, NoConfigLoaded
 from slidegate.logs import Repeated
+from slidegate.quotas.fallback import Fallback
 from slidegate.quotas.ledger import SLACK_MS, TTL_MS, Assignment, HolderTaken, share_of
 from slidegate.quotas.messages import (
     ALLOW_ALL,
@@ -43,7 +45,10 @@ from slidegate.quotas.messages import (
     bucket_entries,
     parse_reports,
 )
+from slidegate.quotas.quota_metrics import QuotaMetrics
 from slidegate.quotas.storage import Departure, Quota, QuotaStorage
+
+__all__ = ["SERVICE", "QuotaMetrics", "QuotaService"]
 
 log = logging.getLogger("slidegate.quotas")
 
@@ -61,26 +66,6 @@ DOMAIN_LABELS = 100
 CONCURRENT_REPORTS = 64
 
 
-class QuotaMetrics:
-    """The quota service's counts, in the service's Prometheus registry."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.streams = Gauge("ratelimit_quota_streams", "quota streams open (Envoys connected)",
-                             registry=registry, multiprocess_mode="livesum")
-        self.buckets = Gauge("ratelimit_quota_buckets", "quota buckets the open streams hold",
-                             registry=registry, multiprocess_mode="livesum")
-        self.assignments = Counter("ratelimit_quota_assignments_sent", "bucket actions sent to Envoys",
-                                   ("domain", "action"), registry=registry)
-        self.reported = Counter("ratelimit_quota_reported_requests", "requests Envoys reported, by outcome",
-                                ("domain", "outcome"), registry=registry)
-        self.refused = Counter("ratelimit_quota_refused_buckets", "buckets not tracked: malformed ids, or past a "
-                               "stream's bound", ("reason",), registry=registry)
-        self.storage_errors = Counter("ratelimit_quota_storage_errors", "reports the storage did not take",
-                                      registry=registry)
-        for reason in ("malformed", "too_many"):  # shown from the start, at 0
-            self.refused.labels(reason)
-
-
 @dataclass(slots=True)
 class Bucket:
     """One bucket of a stream: its id as sent, what it matched (``quota`` None: a blanket ``rule``) under which
@@ -95,6 +80,7 @@ class Bucket:
     holder: str
     active: float
     sent: list[tuple[float, int]] = field(default_factory=list)
+    local: str = ""  # its holder in the failure mode's ledger (FAILURE_MODE=local), once it needed one
 
     def unsure(self, *, last_too: bool) -> int:
         """The largest share of a bucket Envoy may hold other than the one the ledger knows it holds: any sent
@@ -126,9 +112,10 @@ class QuotaService:
     any replica: a reconnect picks up where it left off."""
 
     def __init__(self, limiter: Limiter, storage: QuotaStorage, registry: CollectorRegistry, *,
-                 max_buckets: int = 10_000, idle_ms: int = IDLE_MS) -> None:
+                 max_buckets: int = 10_000, idle_ms: int = IDLE_MS, fallback: Fallback | None = None) -> None:
         self.limiter = limiter
         self.storage = storage
+        self.fallback = fallback or Fallback()
         self.metrics = QuotaMetrics(registry)
         self.max_buckets = max_buckets
         self.idle_ms = idle_ms
@@ -137,8 +124,8 @@ class QuotaService:
         self._streams = itertools.count(1)
         self.malformed = Repeated(log, "a quota report named a malformed bucket, not tracked: %s")
         self._labels: set[str] = set()
-        self.storage_failed = Repeated(log, "the storage did not take a quota report (the bucket's assignment "
-                                        "stays as it was until its TTL, and its holder starts again): %s")
+        self.storage_failed = Repeated(log, "the storage did not take a quota report (the failure mode answers "
+                                        "the bucket, and its holder starts again): %s")
         self.taken = Repeated(log, "two streams report as the same Envoy instance (%s): the later one's buckets "
                                "are its own, as if it had not named itself")
         self.refused_stream = Repeated(log, "a quota stream ended with INVALID_ARGUMENT: %s")
@@ -154,6 +141,11 @@ class QuotaService:
             await self.storage.warm()
         except Exception as exc:  # the reports will say so again, with the reason
             self.storage_failed(repr(exc))
+
+    def failure_mode(self, config: Config | None, domain: str) -> FailureMode:
+        """The failure mode of ``domain``'s quotas: its own ``failure_mode``, else FAILURE_MODE."""
+        own = config.domains[domain].failure_mode if config is not None and domain in config.domains else None
+        return own or self.fallback.mode
 
     def label(self, domain: str) -> str:
         """``domain`` as a metric label: Envoy names it, so past DOMAIN_LABELS of them, ``_other``."""
@@ -304,22 +296,25 @@ class _Stream:
     async def _book_part(self, label: str, keys: list[_Key], pending: dict[_Key, list[int]],
                          ) -> list[Response.BucketAction]:
         """The assignments of the buckets ``keys`` once the storage booked their counts (``pending``), together;
-        none for a bucket whose booking failed."""
+        for a bucket whose booking failed, the failure mode's (none for ``error``)."""
         chunk = [self.buckets[k] for k in keys]
-        booked = await asyncio.gather(*(self._book(b, *pending[k]) for b, k in zip(chunk, keys, strict=True)))
+        booked = await asyncio.gather(*(self._book(b, k[0], *pending[k]) for b, k in zip(chunk, keys, strict=True)))
         answered = []
-        for bucket, assignment in zip(chunk, booked, strict=True):
-            if assignment is not None:
-                answered.append(assigned(bucket.bucket_id, assignment))
+        for bucket, answer in zip(chunk, booked, strict=True):
+            if isinstance(answer, Assignment):
+                answered.append(assigned(bucket.bucket_id, answer))
                 # no_share: no room for this Envoy now (deny_all is a rule's requests_per_unit: 0)
-                action = "no_share" if assignment.denies else "token_bucket"
+                action = "no_share" if answer.denies else "token_bucket"
                 self.service.metrics.assignments.labels(label, action).inc()
                 assert bucket.quota is not None
-                bucket.record(share_of(assignment, bucket.quota.window_ms))
+                bucket.record(share_of(answer, bucket.quota.window_ms))
+            elif answer is not None:
+                answered.append(answer)
         return answered
 
-    async def _book(self, bucket: Bucket, allowed: int, denied: int, elapsed_ms: int) -> Assignment | None:
-        """``bucket``'s report, booked: its assignment, or None when the storage failed."""
+    async def _book(self, bucket: Bucket, domain: str, allowed: int, denied: int, elapsed_ms: int,
+                    ) -> Assignment | Response.BucketAction | None:
+        """``bucket``'s report, booked: its assignment, or when the storage failed the failure mode's answer."""
         assert bucket.quota is not None
         storage = self.service.storage
         try:
@@ -336,7 +331,19 @@ class _Stream:
             self.service.storage_failed(repr(exc))
             await self._leave(bucket, unsure=bucket.unsure(last_too=True))
             bucket.holder = f"{self.name}/{next(self._numbers)}"
+        return await self._degraded(bucket, domain, (allowed, denied, elapsed_ms))
+
+    async def _degraded(self, bucket: Bucket, domain: str, usage: tuple[int, int, int],
+                        ) -> Assignment | Response.BucketAction | None:
+        """The failure mode's answer for ``bucket`` (slidegate.quotas.fallback), counted."""
+        assert bucket.quota is not None
+        mode = self.service.failure_mode(bucket.config, domain)
+        if mode is FailureMode.ERROR:
             return None
+        bucket.local = bucket.local or f"local:{self.name}/{next(self._numbers)}"
+        self.service.metrics.degraded.labels(mode.value).inc()
+        return await self.service.fallback.answer(mode, bucket.bucket_id, bucket.quota, bucket.local, usage,
+                                                  self.name)
 
     async def _match(self, domain: str, bucket: Bucket) -> bool:
         """What ``bucket`` is under the current config (matched again after a reload; a quota it no longer has
@@ -399,6 +406,8 @@ class _Stream:
         """Give the holders of ``buckets`` back, as _leave would each; those of an Envoy that named itself are
         detached instead, for its next stream to take up."""
         departures = []
+        buckets = list(buckets)
+        await self.service.fallback.give_back([(b.quota, b.local) for b in buckets if b.quota and b.local])
         for b in buckets:
             if b.quota is not None:
                 owner = self.name if b.holder.startswith("i:") else ""
