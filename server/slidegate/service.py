@@ -159,6 +159,7 @@ class RateLimitService:
     async def should_rate_limit(self, request: bytes, context: Context) -> rls_pb2.RateLimitResponse:
         # the reference's gRPC interceptor (src/metrics/metrics.go): every call, its time in whole milliseconds
         started = time.perf_counter()
+        ended = 0.0
         self.metrics.total_requests.inc()
         decider = self.decider
         try:
@@ -166,10 +167,13 @@ class RateLimitService:
             if prepared is None:
                 prepared = self._prepare_bytes(request)
             # answer within the caller's deadline (Envoy sends its filter timeout as the gRPC deadline)
-            response = build_response(await decider.decide_prepared(prepared, context.time_remaining()),
-                                      self._options)
+            remaining = context.time_remaining()
+            response = build_response(await decider.decide_prepared(prepared, remaining), self._options)
             if self.on_answer is not None:
                 self.on_answer(prepared, response)
+            ended = time.perf_counter()
+            if remaining is not None and ended - started >= remaining:
+                raise asyncio.CancelledError  # decided as the deadline passed: gRPC ends the call (see below)
             return response
         except UNDECIDED as exc:
             decider.refused(exc)
@@ -180,7 +184,7 @@ class RateLimitService:
                 raise asyncio.CancelledError from None
             await context.abort(*refusal(exc))
         finally:
-            self.metrics.response_time.record(int((time.perf_counter() - started) * 1000))
+            self.metrics.response_time.record(int(((ended or time.perf_counter()) - started) * 1000))
 
     def _prepare_bytes(self, data: bytes) -> Prepared:
         try:

@@ -29,9 +29,10 @@ class Batcher(Generic[Item, Result]):
     held up, and Redis's answer may be waiting unread); None: no bound.
     ``on_cut_off`` is called for each batch cut off. A batch carries items of ``max_weight`` at most together
     (by ``weight``), so that a few heavy items cannot make every other item's round trip long; an item heavier
-    than that goes alone, and only one such batch is out at a time (it takes a free place before the light items
-    waiting, never more), so that light items always have a place of their own: two heavy requests in flight
-    had every 20 ms caller behind them late.
+    than that goes alone, in a place of its own beside the ``max_in_flight`` of the light items, one at a time:
+    two heavy requests in flight had every 20 ms caller behind them late, and one taking a light item's place
+    left a single place to light batches, each waiting at Redis behind a heavy script, so that a light item
+    arriving waited for two of them (3% of the 20 ms callers late beside eight callers of 1,000 limits).
 
     ``start``, when given, sends a batch without a task of its own: it writes the batch's items at once and
     returns True, then tells the Flight it was given what became of them (``Flight.landed``, from the code that
@@ -69,7 +70,7 @@ class Batcher(Generic[Item, Result]):
 
     @property
     def in_flight(self) -> int:
-        """The batches out now (at most ``max_in_flight``)."""
+        """The batches of light items out now (at most ``max_in_flight``; a heavy one's place is its own)."""
         return self._in_flight
 
     def kept(self) -> int:
@@ -91,73 +92,76 @@ class Batcher(Generic[Item, Result]):
         future, or its ``timeout`` ran out) before its batch leaves is not sent at all; once sent, its batch runs to
         the end (or to ``batch_timeout``). With ``settle``, ``timeout`` only bounds the wait to be sent: once sent,
         the item's result is awaited whatever the time (until ``batch_timeout``), for a caller that must know what
-        it did (an answer it could not undo). Raises TimeoutError at once for a ``timeout`` that has run out."""
+        it did (an answer it could not undo); so too with ``grace`` and a ``timeout`` no shorter than ``batch_timeout``
+        (the wait for a place is not time at Redis). Raises TimeoutError at once for a ``timeout`` that has run out."""
         if timeout is not None and timeout <= 0:
             raise TimeoutError
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         due = loop.time()  # before the item may be sent: its time counts from here
         weight = self._weight(item)
-        alone = (not self._waiting and self._in_flight < self._max_in_flight
-                 and (weight <= self._max_weight or not self._heavy_in_flight))
+        alone = not self._waiting and (self._in_flight < self._max_in_flight if weight <= self._max_weight
+                                       else not self._heavy_in_flight)
         lone = None
         if alone:
             # the common case, what _flush would do with this item alone, without its scans of the items waiting
             lone = self._send_batch(loop, [(item, future, weight)], weight > self._max_weight, [item])
         else:
             self._waiting.append((item, future, weight))
-            if self._in_flight < self._max_in_flight:
+            if self._in_flight < self._max_in_flight or not self._heavy_in_flight:
                 self._flush(loop)
         if timeout is not None:
             # still waiting, the item is the last one: nothing was added since, and a flush keeps the order
             sent = alone or not (self._waiting and self._waiting[-1][1] is future)
-            # sent at once, an item's own deadline is its batch's (settled: none) unless it comes sooner; a
+            # an item whose own deadline is no sooner than its batch's (the backend's bound) or that is settled
+            # is bounded by its batch once sent: the wait for a place is not time at Redis (a heavy request
+            # behind another one was failed as if Redis were slow). Sent at once, it keeps no deadline: a
             # deadline fewer is a heap entry and a timer check fewer on every call
-            if not sent or not (settle or (grace and self._batch_timeout is not None
-                                           and timeout >= self._batch_timeout)):
+            bounded = settle or (grace and self._batch_timeout is not None and timeout >= self._batch_timeout)
+            if not sent or not bounded:
                 due += timeout
                 if lone is not None:
                     if not future.done():  # forgotten when its flight lands (Lone.landed)
                         self._arm(loop, due)
                         self._callers[id(future)] = (due, future, grace, settle)
                 else:
-                    self._deadlines.add(loop, due, partial(self._expire, loop, future, due, grace, settle),
+                    self._deadlines.add(loop, due, partial(self._expire, loop, future, due, grace, bounded),
                                         future.done)
         return future
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Send what waits and has a place: the light items first, so that at Redis they come before the heavy
+        item sent with them (a heavy script holds Redis for milliseconds, and every light batch behind it)."""
         most = self._max_weight
+        waiting = [entry for entry in self._waiting if not entry[1].done()]
         while self._in_flight < self._max_in_flight:
-            waiting = [entry for entry in self._waiting if not entry[1].done()]
-            heavy = None
-            if not self._heavy_in_flight:
-                for n, entry in enumerate(waiting):
-                    if entry[2] > most:
-                        heavy = n
-                        break
-            if heavy is not None:
-                batch = [waiting.pop(heavy)]
-            else:
-                batch, rest, weight = [], [], 0
-                for entry in waiting:
-                    w = entry[2]
-                    if w > most or (batch and weight + w > most):
-                        rest.append(entry)
-                    else:
-                        batch.append(entry)
-                        weight += w
-                waiting = rest
-            self._waiting = waiting
+            batch, rest, weight = [], [], 0
+            for entry in waiting:
+                w = entry[2]
+                if w > most or (batch and weight + w > most):
+                    rest.append(entry)
+                else:
+                    batch.append(entry)
+                    weight += w
+            self._waiting = waiting = rest
             if not batch:
-                return
-            self._send_batch(loop, batch, heavy is not None)
+                break
+            self._send_batch(loop, batch, False)
+        if not self._heavy_in_flight:
+            for n, entry in enumerate(self._waiting):
+                if entry[2] > most and not entry[1].done():
+                    del self._waiting[n]
+                    self._send_batch(loop, [entry], True)
+                    return
 
     def _send_batch(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[Item, asyncio.Future[Result], int]],
                     heavy: bool, items: list[Item] | None = None) -> Lone[Result] | None:
         """Send ``batch`` in a free place (``heavy``: an item heavier than ``max_weight``, alone; ``items``: its
         items, when the caller has them). Its flight when it is one item that ``start`` sent."""
-        self._in_flight += 1
-        self._heavy_in_flight = self._heavy_in_flight or heavy
+        if heavy:
+            self._heavy_in_flight = True
+        else:
+            self._in_flight += 1
         expired: list[bool] = []
         work: asyncio.Future[Any] | Flight[Result]
         flight = None
@@ -172,8 +176,7 @@ class Batcher(Generic[Item, Result]):
             if flight is not None:
                 flight.abandon()  # whatever ``start`` did with it before it raised: its place is given back here
             _fail(batch, expired, exc)
-            self._in_flight -= 1
-            self._heavy_in_flight = self._heavy_in_flight and not heavy
+            self._back(heavy)
             return None
         if flight is not None:
             work = flight
@@ -240,11 +243,16 @@ class Batcher(Generic[Item, Result]):
     def _sent(self, loop: asyncio.AbstractEventLoop, heavy: bool, expired: list[bool]) -> None:
         """A batch is back (answered, failed or cut off): its place goes to the items waiting."""
         self._out.pop(id(expired), None)
-        self._in_flight -= 1
-        if heavy:
-            self._heavy_in_flight = False
+        self._back(heavy)
         if self._waiting:
             self._flush(loop)
+
+    def _back(self, heavy: bool) -> None:
+        """A batch's place is free again."""
+        if heavy:
+            self._heavy_in_flight = False
+        else:
+            self._in_flight -= 1
 
     def _cut_off(self, loop: asyncio.AbstractEventLoop, task: asyncio.Future[Any] | Flight[Result],
                  expired: list[bool], due: float, grace: bool) -> None:

@@ -10,6 +10,7 @@ reply (the call ran and counted: it is never sent again).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -98,4 +99,7 @@ class NodeTransport:
 
     async def close(self) -> None:
         await self._connections.close()
-        await self._client.aclose()
+        # given its pool, redis-py would leave it open (the health ping's connection); one made on an event loop
+        # that is closed now cannot be closed on this one, and its socket went with its loop
+        with contextlib.suppress(RuntimeError):
+            await self._client.aclose(close_connection_pool=True)

@@ -40,6 +40,7 @@ from slidegate.algorithms import Algorithm
 from slidegate.backends.base import BackendUnavailable, Check, Checks, DeadlineExceeded, Decision
 from slidegate.backends.batching import Batcher
 from slidegate.backends.breaker import Breaker
+from slidegate.backends.deadlines import GRANULARITY
 from slidegate.backends.permits import Permits
 from slidegate.backends.redis_cluster import RETRY_FOR
 from slidegate.backends.redis_connect import TlsOptions, Topology, check_url, redact
@@ -156,6 +157,9 @@ class RedisBackend:
         on any Redis failure or timeout, DeadlineExceeded when ``timeout`` (shorter than the backend's) ran out."""
         if not checks:
             return Decision(True, [])
+        if timeout is not None and timeout <= GRANULARITY:
+            # the caller is gone, or will be before any answer could reach it: no evidence about Redis
+            raise DeadlineExceeded(f"{self.describe()}: the caller's deadline ({timeout:.3f} s) ran out")
         refusal = self.refusal(timeout)
         if refusal is not None:
             raise refusal
