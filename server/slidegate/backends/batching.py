@@ -135,7 +135,9 @@ class Batcher(Generic[Item, Result]):
         most = self._max_weight
         waiting = [entry for entry in self._waiting if not entry[1].done()]
         while self._in_flight < self._max_in_flight:
-            batch, rest, weight = [], [], 0
+            batch: list[tuple[Item, asyncio.Future[Result], int]] = []
+            rest: list[tuple[Item, asyncio.Future[Result], int]] = []
+            weight = 0
             for entry in waiting:
                 w = entry[2]
                 if w > most or (batch and weight + w > most):
