@@ -119,7 +119,7 @@ def test_unusable_tls_files_stop_the_start(tmp_path: Path, write_config: Callabl
     done = subprocess.run([sys.executable, "-m", "slidegate", "serve", "--config", str(write_config(CONFIG)),
                            "--redis-tls", "true", "--redis-tls-cacert", str(tmp_path / "missing.crt")],
                           capture_output=True, text=True, timeout=30)
-    assert done.returncode == 1 and "REDIS_TLS_CACERT: no such file" in done.stderr
+    assert done.returncode == 2 and "--redis-tls-cacert / REDIS_TLS_CACERT: no such file" in done.stderr
 
 
 @pytest.mark.parametrize(("wanted", "dns", "addresses", "named"), [

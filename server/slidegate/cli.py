@@ -69,6 +69,8 @@ def serve(**flags: str | None) -> None:
     unread = unread_line(os.environ)
     if unread:
         log.warning("%s", unread)
+    for leftover in settings.leftovers():
+        log.warning("%s", leftover)
     if not settings.uses_xds and not settings.config_path.is_dir():
         where = ("--config / CONFIG_DIR" if settings.config_dir else
                  "--config / CONFIG_DIR (or RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY, whose "

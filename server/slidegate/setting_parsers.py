@@ -90,6 +90,16 @@ def parse_positive_int(text: str) -> int:
     return value
 
 
+MAX_WAIT_REPLICAS = 1000  # far past any master's replicas; Redis itself would take up to 2**63 - 1
+
+
+def parse_wait_replicas(text: str) -> int:
+    value = parse_whole(text)
+    if value > MAX_WAIT_REPLICAS:
+        raise ValueError(f"{value} must be at most {MAX_WAIT_REPLICAS} (the replicas of one master)")
+    return value
+
+
 def parse_message_size(text: str) -> int:
     value = parse_whole(text)
     # below 4 KiB not even a request with one ordinary descriptor and its headers' values would fit

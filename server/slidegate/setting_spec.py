@@ -67,6 +67,12 @@ def _flag(env: str) -> str:
     return "--" + env.lower().replace("_", "-")
 
 
+def named(env: str) -> str:
+    """How an error or warning names a setting whose flag is its variable's (all REDIS_* settings):
+    ``--redis-url / REDIS_URL``."""
+    return f"{_flag(env)} / {env}"
+
+
 def specs(cls: type[Any]) -> tuple[Spec, ...]:
     """Every setting of the dataclass ``cls``, its sections' in their place."""
     found: list[Spec] = []

@@ -20,7 +20,8 @@ from slidegate.algorithms import Algorithm
 from slidegate.cache_sizes import DEFAULT_MAX_BYTES, ENTRY_BYTES
 from slidegate.failure_modes import FailureMode
 from slidegate.headers import HeaderNames, ResponseHeaders
-from slidegate.redis_target import HashTag, RedisTarget, RedisType
+from slidegate.redis_checks import check_redis, redis_leftovers
+from slidegate.redis_target import HashTag, RedisTarget
 from slidegate.setting_parsers import (
     BackendType,
     ConfigType,
@@ -45,6 +46,7 @@ from slidegate.setting_parsers import (
     parse_settle,
     parse_timeout,
     parse_url_path,
+    parse_wait_replicas,
     parse_wait_timeout,
     parse_whole,
 )
@@ -111,9 +113,9 @@ class Settings:
     redis_timeout: float = setting("REDIS_TIMEOUT", "250ms", parse_timeout,
         "time allowed for one decision (250ms, 0.25s, 1m …; a bare number is seconds), 1 ms to 60 s; the "
         "caller's deadline caps it")
-    redis_wait_replicas: int = setting("REDIS_WAIT_REPLICAS", "0", parse_whole,
+    redis_wait_replicas: int = setting("REDIS_WAIT_REPLICAS", "0", parse_wait_replicas,
         "single (with replicas) and sentinel: after each script call, Redis WAIT for its writes to reach this "
-        "many replicas; a call they did not reach in time gets the failure mode; 0: off")
+        "many replicas (at most 1000); a call they did not reach in time gets the failure mode; 0: off")
     redis_wait_timeout: float = setting("REDIS_WAIT_TIMEOUT", "50ms", parse_wait_timeout,
         "how long REDIS_WAIT_REPLICAS waits (rounded up to whole ms), at least 1 ms and shorter than "
         "REDIS_TIMEOUT")
@@ -292,6 +294,10 @@ class Settings:
                       (f"{prefix}PIPELINE_LIMIT", str(target.pipeline_limit))]
         return [f"{name}={text}" for name, text in given if text not in ("0", "0us")]
 
+    def leftovers(self) -> list[str]:
+        """A line for each setting given that has no effect, saying why, which the start-up logs."""
+        return redis_leftovers(self)
+
     @property
     def response_headers(self) -> ResponseHeaders:
         """The headers LIMIT_RESPONSE_HEADERS_ENABLED and LIMIT_RESPONSE_HEADERS_IETF ask for (the IETF fields
@@ -334,7 +340,7 @@ class Settings:
     def check(self) -> None:
         """Raise SettingsError for settings that only make sense together, and for a malformed Redis URL."""
         self._check_grpc()
-        self._check_redis()
+        check_redis(self)
         if self.use_dog_statsd and self.use_statsd:
             raise SettingsError("invalid settings:\n  --use-dog-statsd / USE_DOG_STATSD and --use-statsd / USE_STATSD "
                                 "are two statsd sinks: set one of them (as envoyproxy/ratelimit asks)")
@@ -359,29 +365,6 @@ class Settings:
             # without client certificates there is no SAN to check: serving everyone would be silent about it
             raise SettingsError("--grpc-client-tls-san / GRPC_CLIENT_TLS_SAN needs mutual TLS: "
                                 "--grpc-client-tls-cacert / GRPC_CLIENT_TLS_CACERT")
-
-    def _check_redis(self) -> None:
-        if self.backend_type is BackendType.REDIS:
-            _check_target(self.redis, "redis_url")
-        if self.redis_persecond:
-            if self.backend_type is not BackendType.REDIS:
-                raise SettingsError("invalid settings:\n  --redis-persecond / REDIS_PERSECOND needs "
-                                    "--backend / BACKEND_TYPE=redis")
-            if not self.persecond_redis.url.strip():
-                raise SettingsError("invalid settings:\n  --redis-persecond / REDIS_PERSECOND needs "
-                                    "--redis-persecond-url / REDIS_PERSECOND_URL (the Redis of the per-second limits)")
-            _check_target(self.persecond_redis, "redis_persecond_url")
-        if self.redis_wait_replicas and self.backend_type is BackendType.REDIS:
-            if self.redis.type is RedisType.CLUSTER:
-                raise SettingsError("invalid settings:\n  --redis-wait-replicas / REDIS_WAIT_REPLICAS is not offered "
-                                    "with REDIS_TYPE=cluster (only single and sentinel)")
-            if self.redis_wait_timeout >= self.redis_timeout:
-                raise SettingsError(
-                    f"invalid settings:\n  --redis-wait-timeout / REDIS_WAIT_TIMEOUT ({self.redis_wait_timeout:g} s) "
-                    f"must be shorter than --redis-timeout / REDIS_TIMEOUT ({self.redis_timeout:g} s): the replicas' "
-                    "answer has to arrive within the decision's time")
-        if bool(self.redis_tls_client_cert) != bool(self.redis_tls_client_key):
-            raise SettingsError("REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together")
 
     def _check_workers(self) -> None:
         if self.workers > MAX_WORKERS:
@@ -411,11 +394,3 @@ class Settings:
 
 SPECS: tuple[Spec, ...] = specs(Settings)
 
-
-def _check_target(target: RedisTarget, url_key: str) -> None:
-    """Raise SettingsError, naming the URL's flag and variable, unless ``target``'s URL has its type's form."""
-    try:
-        target.check()
-    except ValueError as exc:
-        url = next(spec for spec in SPECS if spec.field == url_key)
-        raise SettingsError(f"invalid settings:\n  {url.flag} / {url.env}: {exc}") from exc
