@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from slidegate.application import make_backend
 from slidegate.settings import Settings, SettingsError
 
 
@@ -91,3 +92,9 @@ def test_settings_in_effect_are_no_leftovers() -> None:
                     {"REDIS_PERSECOND": "true", "REDIS_PERSECOND_URL": "h:2", "REDIS_PERSECOND_TLS": "true",
                      "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true"}):
         assert Settings.load(environ).leftovers() == [], environ
+
+
+@pytest.mark.unit
+async def test_an_unused_tls_file_stops_no_backend_from_being_built() -> None:
+    backend = make_backend(Settings.load({"REDIS_URL": "redis://127.0.0.1:1/0", "REDIS_TLS_CACERT": "/nonexistent"}))
+    await backend.close()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from slidegate.backends.base import Backend
 from slidegate.backends.blocked import OverLimitCache
@@ -118,13 +117,9 @@ def make_statsd_sink(settings: Settings, store: StatsStore, environ: Mapping[str
 def make_backend(settings: Settings, traced: Callable[[Backend, str], Backend] | None = None) -> Backend:
     """The storage backend the settings ask for; ``traced`` wraps the storage itself (below the over-limit
     cache, whose answers are no storage call), given its kind (slidegate.tracing). Raises ValueError for a
-    malformed Redis URL or a TLS file that does not exist."""
+    malformed Redis URL (the settings' check refuses a TLS file that does not exist, where TLS is used)."""
     if settings.backend_type is BackendType.MEMORY:
         return traced(MemoryBackend(), "memory") if traced is not None else MemoryBackend()
-    for name in ("redis_tls_cacert", "redis_tls_client_cert", "redis_tls_client_key"):
-        file = getattr(settings, name)
-        if file and not Path(file).is_file():
-            raise ValueError(f"{name.upper()}: no such file {file!r}")
     main = _redis(settings, settings.redis, settings.redis_wait_replicas)
     backend: Backend = main
     if settings.redis_persecond:
