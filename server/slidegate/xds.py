@@ -2,11 +2,11 @@
 envoyproxy/ratelimit's (go-control-plane's SotW client).
 
 One bidirectional stream, ``StreamAggregatedResources``, asks for every ``RateLimitConfig`` (a wildcard request).
-Each response is the whole config: it is loaded as files are (slidegate.config.from_xds) and, when valid, swapped
-in whole and ACKed (its version and nonce); when not, the config in force stays, the response is NACKed (the
-version in force, its nonce and why), and a load error is counted. When the stream ends, the config in force keeps
-serving and the server is redialled after a backoff; a new stream asks afresh (no version), so that the server
-sends its whole set again, whatever it holds.
+Each response is the whole config: it is built into the model, checked as files are (slidegate.config.from_xds) and,
+when valid, swapped in whole and ACKed (its version and nonce); when not, the config in force stays, the response is
+NACKed (the version in force, its nonce and why), and a load error is counted. When the stream ends, the config in
+force keeps serving and the server is redialled after a backoff; a new stream asks afresh (no version), so that the
+server sends its whole set again, whatever it holds.
 """
 
 from __future__ import annotations
