@@ -152,6 +152,27 @@ async def test_the_wait_for_a_heavy_batch_place_is_not_counted_as_redis_slow(pri
     await backend.close()
 
 
+async def test_a_caller_s_own_deadline_counts_its_wait_for_a_place(private_redis: RedisServer) -> None:
+    # a deadline no shorter than REDIS_TIMEOUT is still the caller's: waiting for a place, then a batch's
+    # REDIS_TIMEOUT at a paused Redis, would answer it after its deadline, when its failure mode no longer counts
+    backend = RedisBackend(private_redis.url, timeout=0.1)
+    await backend.ping()
+    with redis.Redis.from_url(private_redis.url) as admin:
+        admin.execute_command("CLIENT", "PAUSE", 1000, "ALL")
+        try:
+            first = asyncio.ensure_future(backend.decide(heavy(2 * MAX_BATCH_CHECKS, "first")))
+            await asyncio.sleep(0.01)  # the first holds the heavy place, at a Redis that answers nothing
+            started = time.monotonic()
+            with pytest.raises(Exception):  # noqa: B017 - the failure (its kind is another test's) and its time
+                await backend.decide(heavy(2 * MAX_BATCH_CHECKS, "second"), timeout=0.12)
+            took = time.monotonic() - started
+            await asyncio.gather(first, return_exceptions=True)
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
+    assert took < 0.17, took  # by its 120 ms (and a timer's slack), not the wait's 90 ms and a batch's 100 ms more
+    await backend.close()
+
+
 def test_serve_with_a_redis_that_never_appears_starts_and_recovers(
         write_config: Callable[..., Path], serve: Callable[..., Served]) -> None:
     port = stack.free_port()  # nothing listens there: a REDIS_URL wrong for good, until a Redis appears on it

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -60,7 +61,7 @@ async def started(server: RedisServer, tmp_path: object, write_config: object, *
     return build(Settings.load({}, settings))
 
 
-async def timed(stream: Stream, name: str) -> tuple[float, object]:
+async def timed(stream: Stream, name: str) -> tuple[float, Any]:
     begun = time.monotonic()
     answer = actions(await stream.report((user(name), 1, 0)))[key(user(name))]
     return time.monotonic() - begun, answer.quota_assignment_action

@@ -163,16 +163,19 @@ class RateLimitService:
         self.metrics.total_requests.inc()
         decider = self.decider
         try:
+            # answer within the caller's deadline (Envoy sends its filter timeout as the gRPC deadline): what is
+            # left of it from ``started`` on, and (for the decision) from now
+            deadline = remaining = context.time_remaining()
             prepared = decider.recall(request)
             if prepared is None:
                 prepared = self._prepare_bytes(request)
-            # answer within the caller's deadline (Envoy sends its filter timeout as the gRPC deadline)
-            remaining = context.time_remaining()
+                if remaining is not None:  # matching took some of it (a request seen before: none worth a clock)
+                    remaining -= time.perf_counter() - started
             response = build_response(await decider.decide_prepared(prepared, remaining), self._options)
             if self.on_answer is not None:
                 self.on_answer(prepared, response)
             ended = time.perf_counter()
-            if remaining is not None and ended - started >= remaining:
+            if deadline is not None and ended - started >= deadline:
                 raise asyncio.CancelledError  # decided as the deadline passed: gRPC ends the call (see below)
             return response
         except UNDECIDED as exc:

@@ -168,7 +168,10 @@ class RedisBackend:
         bound = timeout if timeout is not None and caller_first else self._timeout
         try:
             if self._transport.batches is not None:
-                decision = await self._batcher.send((checks, clock, False), bound, grace=not caller_first)
+                # a caller's own deadline counts from now, whatever it waits for (its failure mode must answer
+                # in time); only a call without one is bounded by its batch once sent (the wait for a place is
+                # then not time at Redis)
+                decision = await self._batcher.send((checks, clock, False), bound, grace=timeout is None)
                 if not isinstance(decision, Decision):
                     raise TypeError("a request that cannot be undone is answered with a Decision")
                 return decision
