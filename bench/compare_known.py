@@ -1,0 +1,75 @@
+"""The differences bench/compare.py finds that slidegate makes on purpose: each named by the words of
+docs/migrating.md that document it, and marked deliberate only while that text is there."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from bench.compare_model import Request, Scenario
+
+MIGRATING = Path(__file__).resolve().parent.parent / "docs" / "migrating.md"
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One difference: where (the profile, the sequence and request, the field's path) and the two values (A is
+    slidegate's, B the reference's)."""
+
+    profile: str
+    scenario: Scenario | None
+    request: Request | None
+    path: str
+    a: Any
+    b: Any
+
+    @property
+    def in_answer(self) -> bool:
+        """A difference in what decides (codes, counts, headers), not in the dynamic metadata."""
+        return self.scenario is not None and not self.path.startswith("dynamic_metadata")
+
+
+@dataclass(frozen=True)
+class Known:
+    name: str
+    documented_by: str  # text of docs/migrating.md
+    matches: Callable[[Seen], bool]
+
+
+def _overridden(seen: Seen) -> bool:
+    """A count of a request without an override after requests overriding the same descriptor's limit: the
+    reference counts both on one key (its key names no limit), slidegate each on its own."""
+    return (seen.in_answer and seen.request is not None and seen.scenario is not None
+            and not any(d.limit for d in seen.request.descriptors)
+            and any(d.limit for r in seen.scenario.requests for d in r.descriptors))
+
+
+KNOWN = (
+    Known("injective keys", "**Injective keys.**",
+          lambda seen: seen.in_answer and seen.scenario is not None and seen.scenario.deliberate == "injective keys"),
+    Known("all-or-nothing", "With `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true` a rejected request counts nothing",
+          lambda seen: seen.in_answer and seen.profile == "stop_increment"),
+    Known("an override's own counter", "**A limit override counts on a counter of its own**", _overridden),
+    Known("INVALID_ARGUMENT", "**A request that cannot be decided is `INVALID_ARGUMENT`**",
+          lambda seen: seen.path == "grpc_error" and (seen.a, seen.b) == ("INVALID_ARGUMENT", "UNKNOWN")),
+    Known("/json prints zeros", "**`/json` prints every field**",
+          lambda seen: seen.path == "printed" and seen.b == []),
+    Known("/json errors are JSON", "**`/json` answers an error in JSON**",
+          lambda seen: seen.path == "error_body" and (seen.a, seen.b) == ("json", "text")),
+)
+
+
+@cache
+def _documented() -> str:
+    return MIGRATING.read_text()
+
+
+def deliberate_reason(seen: Seen) -> str:
+    """The name of the documented difference ``seen`` is, or ""."""
+    for known in KNOWN:
+        if known.documented_by in _documented() and known.matches(seen):
+            return known.name
+    return ""

@@ -1,0 +1,123 @@
+"""The two servers bench/compare.py compares: their addresses, and, when it is given a reference binary, the
+processes it starts for a run: a private redis-server, `slidegate serve` with DEFAULT_ALGORITHM=fixed_window,
+and the envoyproxy/ratelimit binary (built by hand outside this repository), both on the same config directory,
+the same Redis and the same settings (a profile), each under a key prefix of its own for the run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.run import private_redis
+from slidegate import stack
+
+# the settings both servers get in every run; a profile adds the ones that change answers
+COMMON = {"LOG_LEVEL": "warn", "USE_STATSD": "false", "USE_PROMETHEUS": "false", "EXPIRATION_JITTER_MAX_SECONDS": "0",
+          "LOCAL_CACHE_SIZE_IN_BYTES": "0", "REDIS_SOCKET_TYPE": "tcp", "RUNTIME_WATCH_ROOT": "false"}
+PROFILES: dict[str, dict[str, str]] = {
+    # the answers with everything they can carry: headers and dynamic metadata
+    "full": {"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "RESPONSE_DYNAMIC_METADATA": "true"},
+    # the defaults of both (but the rejections cache, which the reference has off)
+    "plain": {},
+    # the header names changed, another near-limit ratio, the rejections cache on in both
+    "renamed": {"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_LIMIT_HEADER": "X-RateLimit-Limit",
+                "LIMIT_REMAINING_HEADER": "X-RateLimit-Remaining", "LIMIT_RESET_HEADER": "X-RateLimit-Reset",
+                "NEAR_LIMIT_RATIO": "0.5", "LOCAL_CACHE_SIZE_IN_BYTES": "1048576"},
+    # every limit in shadow mode
+    "shadow": {"SHADOW_MODE": "true", "LIMIT_RESPONSE_HEADERS_ENABLED": "true"},
+    # every limit in quota mode
+    "quota": {"QUOTA_MODE": "true", "LIMIT_RESPONSE_HEADERS_ENABLED": "true"},
+    # a request over a limit counts no more on it
+    "stop_increment": {"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "true", "LIMIT_RESPONSE_HEADERS_ENABLED": "true"},
+}
+
+
+@dataclass(frozen=True)
+class Server:
+    """One RLS: its gRPC address (host:port), and its HTTP (/json, /healthcheck) and debug addresses if known."""
+
+    name: str
+    grpc: str
+    http: str = ""
+    debug: str = ""
+
+    def get(self, path: str, body: bytes | None = None, debug: bool = False) -> tuple[int, str]:
+        """The HTTP status and body of ``path`` (POST when ``body`` is given); (0, "") when nothing answers."""
+        address = self.debug if debug else self.http
+        request = urllib.request.Request(f"http://{address}{path}", data=body,
+                                         method="POST" if body is not None else "GET")
+        try:
+            with urllib.request.urlopen(request, timeout=5) as reply:
+                return reply.status, reply.read().decode()
+        except urllib.error.HTTPError as reply:
+            return reply.code, reply.read().decode()
+        except (urllib.error.URLError, OSError):
+            return 0, ""
+
+
+def config_dir(root: Path) -> Path:
+    """Where both servers read the config under ``root``: the reference's RUNTIME_ROOT/ratelimit/config."""
+    return root / "ratelimit" / "config"
+
+
+@contextmanager
+def started(reference_binary: str, root: Path, profile: Mapping[str, str],
+            logs: Path) -> Iterator[tuple[Server, Server]]:
+    """Both servers on the config under ``root`` with ``profile``'s settings, on a private Redis; stopped after."""
+    run = uuid.uuid4().hex[:8]
+    with private_redis() as (url, _), ExitStack() as stack_:
+        env = {**os.environ, **COMMON, **profile}
+        ours = _ports()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "slidegate", "serve", "--config", str(config_dir(root))],
+            env={**env, **_listen(ours), "DEFAULT_ALGORITHM": "fixed_window", "REDIS_URL": url,
+                 "CACHE_KEY_PREFIX": f"sg{run}:", "LOCAL_LIMIT_REPLICAS": "1"},
+            stdout=(logs / "slidegate.log").open("w"), stderr=subprocess.STDOUT)
+        stack_.callback(stack.stop, process)
+        theirs = _ports()
+        host_port = url.removeprefix("redis://").split("/")[0]
+        reference = subprocess.Popen(
+            [reference_binary], env={**env, **_listen(theirs), "REDIS_URL": host_port, "RUNTIME_ROOT": str(root),
+                                     "RUNTIME_SUBDIRECTORY": "ratelimit", "CACHE_KEY_PREFIX": f"rl{run}:"},
+            stdout=(logs / "reference.log").open("w"), stderr=subprocess.STDOUT)
+        stack_.callback(stack.stop, reference)
+        servers = (_server("slidegate", ours), _server("reference", theirs))
+        for server in servers:
+            _wait_healthy(server, logs)
+        yield servers
+
+
+def _ports() -> dict[str, int]:
+    return {"grpc": stack.free_port(), "http": stack.free_port(), "debug": stack.free_port()}
+
+
+def _listen(ports: Mapping[str, int]) -> dict[str, str]:
+    return {"GRPC_HOST": "127.0.0.1", "GRPC_PORT": str(ports["grpc"]), "HOST": "127.0.0.1",
+            "PORT": str(ports["http"]), "DEBUG_HOST": "127.0.0.1", "DEBUG_PORT": str(ports["debug"])}
+
+
+def _server(name: str, ports: Mapping[str, int]) -> Server:
+    return Server(name, f"127.0.0.1:{ports['grpc']}", f"127.0.0.1:{ports['http']}", f"127.0.0.1:{ports['debug']}")
+
+
+def _wait_healthy(server: Server, logs: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.get("/healthcheck")[0] == 200:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{server.name} not healthy after {timeout:.0f} s: see {logs / (server.name + '.log')}")
+
+
+def scratch() -> Path:
+    return Path(tempfile.mkdtemp(prefix="slidegate-compare-"))
