@@ -98,17 +98,35 @@ def test_the_settings_choose_which_headers() -> None:
 
 def test_the_default_headers_are_envoyproxy_ratelimits() -> None:
     """envoyproxy/ratelimit (src/service/ratelimit.go, src/settings/settings.go): with
-    LIMIT_RESPONSE_HEADERS_ENABLED, the descriptor closest to its limit (the least remaining, the first of
-    equals) as RateLimit-Limit (the bare number), RateLimit-Remaining and RateLimit-Reset, and nothing more."""
+    LIMIT_RESPONSE_HEADERS_ENABLED, the last descriptor rejecting the request, else the one closest to its limit
+    (the least remaining, the first of equals) as RateLimit-Limit (the bare number), RateLimit-Remaining and
+    RateLimit-Reset, and nothing more."""
     plain = AnswerOptions(headers=ResponseHeaders.RATELIMIT)
     statuses = [Status(HOUR, remaining=3, reset_us=1_500_000), Status(MINUTE, over=True, remaining=0, reset_us=9),
                 Status(MINUTE, remaining=0, reset_us=7_000_000)]
     assert headers(statuses, plain) == {"RateLimit-Limit": "10", "RateLimit-Remaining": "0", "RateLimit-Reset": "1"}
     assert headers(statuses[:1], plain) == {"RateLimit-Limit": "100", "RateLimit-Remaining": "3",
                                             "RateLimit-Reset": "2"}
-    # equals: the first, over or not
-    assert headers(statuses[2:] + statuses[1:2], plain)["RateLimit-Reset"] == "7"
+    # equals: the first, unless one of them rejects the request
+    assert headers(statuses[2:] + statuses[2:], plain)["RateLimit-Reset"] == "7"
+    assert headers(statuses[2:] + statuses[1:2], plain)["RateLimit-Reset"] == "1"
     assert headers([Status(None, remaining=2**32 - 1)], plain) == {}  # unlimited: no limit to tell
+
+
+def test_the_headers_tell_the_last_limit_that_rejects_as_the_reference_does() -> None:
+    """As envoyproxy/ratelimit answered beside slidegate (bench/compare.py: shadow_and_real, quota_and_over,
+    mixed_units): a descriptor over its limit that rejects the request is told, the last of them, before any
+    closer to its limit; one over in shadow mode or in quota mode is not."""
+    plain = AnswerOptions(headers=ResponseHeaders.RATELIMIT)
+    shadow = Status(MINUTE, over=True, shadow=True, remaining=0, reset_us=1)
+    hour_over = Status(RateLimit(2, Unit.HOUR), over=True, remaining=0, reset_us=3_000_000_000)
+    minute_full = Status(MINUTE, remaining=0, reset_us=35_000_000)
+    assert headers([shadow, hour_over], plain)["RateLimit-Limit"] == "2"
+    assert headers([minute_full, hour_over], plain)["RateLimit-Reset"] == "3000"
+    assert headers([hour_over, Status(MINUTE, over=True, remaining=0, reset_us=9)], plain)["RateLimit-Limit"] == "10"
+    quota_over = Status(MINUTE, over=True, quota=True, remaining=0, reset_us=5_000_000)
+    assert headers([quota_over, Status(HOUR, over=True, remaining=0, reset_us=1)], plain)["RateLimit-Limit"] == "100"
+    assert headers([shadow, minute_full], plain)["RateLimit-Reset"] == "1"  # no rejection: the first of equals
 
 
 def test_the_header_names_are_settings() -> None:

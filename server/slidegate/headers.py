@@ -1,15 +1,16 @@
 """Rate-limit response headers, written once for the service's answer to Envoy and for the client's middleware.
 
-Both describe the limited descriptor closest to its limit: the least remaining, the first of equals, as
-envoyproxy/ratelimit chooses (src/service/ratelimit.go). The service sends exactly envoyproxy/ratelimit's
-three headers (LIMIT_RESPONSE_HEADERS_ENABLED): ``RateLimit-Limit`` (the bare number), ``RateLimit-Remaining``
-and ``RateLimit-Reset``, named by LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER. With
-LIMIT_RESPONSE_HEADERS_IETF, the limit is told in the draft's quota-policy form (``10, 10;w=60, 100;w=3600``)
-and the structured fields of the IETF draft (draft-ietf-httpapi-ratelimit-headers) come too:
-``RateLimit-Policy`` listing every limit and ``RateLimit`` for the chosen one, and ``Retry-After`` on a
-rejection. The middleware sends ``X-RateLimit-*``, the IETF fields and ``Retry-After``. Seconds are rounded up,
-so a client told to wait never retries before it may. This module depends on nothing of slidegate's: callers
-hand it ``Shown`` values.
+Both describe one descriptor, as envoyproxy/ratelimit chooses it (src/service/ratelimit.go, and the reference
+running beside slidegate: bench/compare.py): the last one whose own limit rejects the request (quota limits aside),
+else the one closest to its limit, the least remaining, the first of equals. The service sends exactly
+envoyproxy/ratelimit's three headers (LIMIT_RESPONSE_HEADERS_ENABLED): ``RateLimit-Limit`` (the bare number),
+``RateLimit-Remaining`` and ``RateLimit-Reset``, named by LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and
+LIMIT_RESET_HEADER. With LIMIT_RESPONSE_HEADERS_IETF, the limit is told in the draft's quota-policy form
+(``10, 10;w=60, 100;w=3600``) and the structured fields of the IETF draft (draft-ietf-httpapi-ratelimit-headers)
+come too: ``RateLimit-Policy`` listing every limit and ``RateLimit`` for the chosen one, and ``Retry-After`` on a
+rejection. The middleware sends ``X-RateLimit-*``, the IETF fields and ``Retry-After``. Seconds are rounded up, so
+a client told to wait never retries before it may. This module depends on nothing of slidegate's: callers hand it
+``Shown`` values.
 """
 
 from __future__ import annotations
@@ -71,8 +72,10 @@ def policy_name(name: str, keys: Sequence[str] = ()) -> str:
 
 
 def chosen(shown: Sequence[Shown]) -> Shown:
-    """The descriptor the headers describe: the least remaining, the first of equals."""
-    return min(shown, key=lambda s: s.remaining)
+    """The descriptor the headers describe: the last that rejects the request by a limit not in quota mode, else
+    the least remaining, the first of equals."""
+    rejecting = [s for s in shown if s.blocking and not s.quota]
+    return rejecting[-1] if rejecting else min(shown, key=lambda s: s.remaining)
 
 
 def retry_after(shown: Sequence[Shown]) -> int | None:
