@@ -24,7 +24,7 @@ from slidegate.backends.redis import RedisBackend
 from slidegate.backends.redis_connect import Topology, make_client
 from slidegate.config import ConfigError, LoadOptions, load_directory
 from slidegate.config.describe import describe_config
-from slidegate.decider import refusal
+from slidegate.decider import Refused, refusal
 from slidegate.failure_modes import FailureMode
 from slidegate.health import Health
 from slidegate.limiter import ANSWER_MARGIN, Descriptor, Limiter, LimiterOptions
@@ -64,7 +64,7 @@ async def test_failure_mode_error_leaves_the_answer_to_envoy(failing: Failing) -
     with pytest.raises(BackendUnavailable) as caught:
         await service.should_rate_limit(request("f", descriptor(("k", "v"))))
     # UNAVAILABLE: Envoy's failure_mode_deny decides
-    assert refusal(caught.value) == (grpc.StatusCode.UNAVAILABLE, "rate limit storage unavailable")
+    assert refusal(caught.value) == (Refused.UNAVAILABLE, "rate limit storage unavailable")
 
 
 async def test_a_stopped_redis_gets_the_failure_mode(rls: Start, private_redis: RedisServer) -> None:
@@ -96,7 +96,7 @@ async def test_a_callers_deadline_is_answered_by_the_failure_mode_only_with_time
     for timeout in (None, 2 * ANSWER_MARGIN):
         with pytest.raises(DeadlineExceeded) as caught:
             await service.should_rate_limit(request("f", descriptor(("k", "v"))), timeout=timeout)
-        assert refusal(caught.value).code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert refusal(caught.value).code is Refused.DEADLINE_EXCEEDED
     assert counted(service, "ratelimit_storage_errors_total") == 0
 
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import grpc
 import pytest
 from google.protobuf import json_format
 
 from slidegate.algorithms import Algorithm
 from slidegate.backends.memory import MemoryBackend
 from slidegate.config import load_directory
-from slidegate.decider import refusal
+from slidegate.decider import Refused, refusal
 from slidegate.limiter import Descriptor, InvalidOverride, Limiter, Status
 from slidegate.protos import ratelimit_unit_pb2, rls_pb2
 from slidegate.request import InvalidRequest
@@ -76,7 +75,7 @@ async def test_an_override_without_a_unit_is_a_bad_request(limits: Limits) -> No
     d.limit.requests_per_unit = 1
     with pytest.raises(InvalidRequest) as caught:
         await service.should_rate_limit(request("f", d))
-    assert refusal(caught.value) == (grpc.StatusCode.INVALID_ARGUMENT,
+    assert refusal(caught.value) == (Refused.INVALID_ARGUMENT,
                                      "descriptor 0: limit override has no valid unit (0)")
 
 
@@ -168,7 +167,7 @@ async def test_an_override_with_a_window_beyond_exact_counting_is_refused(limits
     d.limit.unit_multiplier.value = 1000
     with pytest.raises(InvalidOverride) as caught:
         await service.should_rate_limit(request("f", d))
-    assert refusal(caught.value) == (grpc.StatusCode.INVALID_ARGUMENT,
+    assert refusal(caught.value) == (Refused.INVALID_ARGUMENT,
                                      "limit override window of 31536000000 s is longer than the 9007199254 s allowed")
 
 

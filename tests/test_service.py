@@ -32,7 +32,7 @@ from slidegate.logs import Repeated
 from slidegate.protos import lenient_pb2, rls_pb2, rls_pb2_grpc
 from slidegate.request import InvalidRequest
 from slidegate.server import start_server
-from slidegate.service import METHOD, RateLimitService
+from slidegate.service import METHOD, RateLimitService, grpc_status
 from slidegate.stack import free_port
 from tests.conftest import Clock
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
@@ -426,5 +426,5 @@ async def test_the_deepest_metadata_a_config_may_hold_reaches_the_caller(rls: St
 def test_every_undecided_call_has_one_answer(undecided: Exception, code: grpc.StatusCode, http_status: int) -> None:
     assert isinstance(undecided, UNDECIDED)
     refused = refusal(undecided)
-    assert (refused.code, HTTP_STATUS[refused.code]) == (code, http_status)
+    assert (grpc_status(refused.code), HTTP_STATUS[refused.code]) == (code, http_status)
     assert "10.0.0.1" not in refused.details  # the storage's address stays with the operator

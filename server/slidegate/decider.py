@@ -14,9 +14,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from enum import Enum
 from typing import NamedTuple
-
-import grpc
 
 from slidegate.backends.base import BackendUnavailable, DeadlineExceeded, admits
 from slidegate.config.model import Config
@@ -49,10 +48,20 @@ UNDECIDED = (InvalidRequest, InvalidOverride, BackendUnavailable, NoConfigLoaded
 _tuple_new = tuple.__new__
 
 
-class Refusal(NamedTuple):
-    """The gRPC status of a call that went undecided; the HTTP API and the in-process limiter say the same."""
+class Refused(Enum):
+    """Why a call went undecided, named as the gRPC status each edge answers it with (the HTTP API maps each to
+    its HTTP status): the decider itself knows no transport."""
 
-    code: grpc.StatusCode
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNKNOWN = "UNKNOWN"
+
+
+class Refusal(NamedTuple):
+    """The answer to a call that went undecided; gRPC, the HTTP API and the in-process limiter say the same."""
+
+    code: Refused
     details: str
 
 
@@ -60,13 +69,13 @@ def refusal(exc: Undecided) -> Refusal:
     """The one mapping from why a call went undecided to its answer. Storage failing is UNAVAILABLE, so that
     Envoy's ``failure_mode_deny`` decides; its details name no address (they reach the caller)."""
     if isinstance(exc, DeadlineExceeded):
-        return Refusal(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline ran out")
+        return Refusal(Refused.DEADLINE_EXCEEDED, "the call's deadline ran out")
     if isinstance(exc, BackendUnavailable):
-        return Refusal(grpc.StatusCode.UNAVAILABLE, "rate limit storage unavailable")
+        return Refusal(Refused.UNAVAILABLE, "rate limit storage unavailable")
     if isinstance(exc, NoConfigLoaded):
         # envoyproxy/ratelimit returns it as a plain error, which gRPC sends as UNKNOWN
-        return Refusal(grpc.StatusCode.UNKNOWN, str(exc))
-    return Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return Refusal(Refused.UNKNOWN, str(exc))
+    return Refusal(Refused.INVALID_ARGUMENT, str(exc))
 
 
 class LimitRequest(NamedTuple):

@@ -9,7 +9,6 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 
-import grpc
 from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
@@ -18,7 +17,7 @@ from google.protobuf import json_format
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate.config import Config
 from slidegate.config.describe import describe_config
-from slidegate.decider import UNDECIDED, LimitRequest, refusal
+from slidegate.decider import UNDECIDED, LimitRequest, Refused, refusal
 from slidegate.health import Health
 from slidegate.logs import Repeated
 from slidegate.request import InvalidRequest, parse_request
@@ -26,9 +25,9 @@ from slidegate.service import RateLimitService
 from slidegate.text import printable
 
 JSON = "application/json"
-# the HTTP status of each gRPC status the service refuses a call with (decider.refusal)
-HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.UNKNOWN: 500,
-               grpc.StatusCode.DEADLINE_EXCEEDED: 504}
+# the HTTP status of each refusal (decider.refusal)
+HTTP_STATUS = {Refused.INVALID_ARGUMENT: 400, Refused.UNAVAILABLE: 503, Refused.UNKNOWN: 500,
+               Refused.DEADLINE_EXCEEDED: 504}
 ROUTES = ("json", "healthcheck", "rlconfig", "metrics", "stats")
 log = logging.getLogger(__name__)
 

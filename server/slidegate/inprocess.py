@@ -18,6 +18,7 @@ from slidegate.application import build
 from slidegate.client import Decision, DescriptorDecision, DescriptorSpec, RateLimitUnavailable, refused
 from slidegate.decider import UNDECIDED, LimitRequest, refusal
 from slidegate.limiter import Descriptor
+from slidegate.service import grpc_status
 from slidegate.settings import Settings
 
 T = TypeVar("T")
@@ -90,7 +91,7 @@ class InProcessLimiter:
             decision = await self._decider.decide(request)
         except UNDECIDED as exc:
             # the service's status, with the whole reason: this process is the one whose storage failed
-            raise refused(refusal(exc).code, str(exc)) from exc
+            raise refused(grpc_status(refusal(exc).code), str(exc)) from exc
         return client_decision(decision)
 
     def should_rate_limit_blocking(self, domain: str, descriptors: Sequence[DescriptorSpec], hits_addend: int = 0,

@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate.backends.base import BackendUnavailable
-from slidegate.decider import UNDECIDED, Decider, Decision, LimitRequest, Prepared, refusal
+from slidegate.decider import UNDECIDED, Decider, Decision, LimitRequest, Prepared, Refused, refusal
 from slidegate.headers import HeaderNames, ResponseHeaders, envoy_headers
 from slidegate.heap import Heap
 from slidegate.limiter import Descriptor, Limiter, Status
@@ -127,6 +127,11 @@ def _metadata(decision: Decision) -> struct_pb2.Struct:
     return out
 
 
+def grpc_status(code: Refused) -> grpc.StatusCode:
+    """The gRPC status a refusal is answered with (each Refused is named after one)."""
+    return grpc.StatusCode[code.name]
+
+
 class RateLimitService:
     """``envoy.service.ratelimit.v3.RateLimitService`` on top of a Limiter: a call's bytes key the requests the
     decider remembers (slidegate.decider), so a request seen before goes straight to the storage; ``metrics``
@@ -185,7 +190,8 @@ class RateLimitService:
                 # gRPC ends a call at its deadline itself (DEADLINE_EXCEEDED) and cancels this task; a status
                 # sent here races that end and gRPC logs the lost race as an ExecuteBatchError traceback
                 raise asyncio.CancelledError from None
-            await context.abort(*refusal(exc))
+            code, details = refusal(exc)
+            await context.abort(grpc_status(code), details)
         finally:
             self.metrics.response_time.record(int(((ended or time.perf_counter()) - started) * 1000))
 
