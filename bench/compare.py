@@ -37,9 +37,12 @@ from bench.compare_generated import generated
 from bench.compare_known import Seen, deliberate_reason
 from bench.compare_model import Request, Scenario, answer_of, differences, dumps, json_answer, recordable
 from bench.compare_sequences import hand_written
-from bench.compare_servers import PROFILES, Server, config_dir, scratch, started
+from bench.compare_servers import PROFILES, STATS_FLUSH_SECONDS, Server, config_dir, scratch, started
+from bench.compare_stats import stat_differences
 from slidegate.protos import rls_pb2_grpc
 
+STAT_PREFIXES = ("ratelimit",)  # every counter of both
+RULE_STATS = "ratelimit.service.rate_limit."  # then <domain>.<key>…
 RECORD_GENERATED = 8  # generated sequences recorded per profile, at most: the hand-written ones show each difference
 UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 
@@ -165,13 +168,40 @@ def compare_http(a: Server, b: Server, profile: str, tally: Tally) -> None:
             tally.found.append(Difference(profile, "http", 0, path, x, y, reason))
 
 
+def _flushed(server: Server) -> dict[str, int]:
+    """What ``server`` sent to statsd so far, once it has flushed it."""
+    time.sleep(STATS_FLUSH_SECONDS * 3)
+    return server.stats.snapshot() if server.stats else {}
+
+
+def compare_stats(before: tuple[dict[str, int], dict[str, int]], after: tuple[dict[str, int], dict[str, int]],
+                  profile: str, scenarios: list[Scenario], tally: Tally) -> None:
+    """The counters both sent to statsd: a limit's (under its sequence's domain, whose difference it is) at the
+    end, the service's own (``before``) as they were before the sequences written to show a deliberate
+    difference, which would show in them too."""
+    by_domain = {s.name: s for s in scenarios}
+    for (a, b), rules in ((before, False), (after, True)):
+        for name, x, y in stat_differences(a, b, STAT_PREFIXES):
+            if name.startswith(RULE_STATS) != rules:
+                continue
+            scenario = by_domain.get(name.removeprefix(RULE_STATS).split(".", 1)[0]) if rules else None
+            reason = deliberate_reason(Seen(profile, scenario, None, f"stats.{name}", x, y))
+            tally.found.append(Difference(profile, scenario.name if scenario else "stats", -1, f"stats.{name}", x,
+                                          y, reason))
+
+
 def run_profile(a: Server, b: Server, profile: str, scenarios: list[Scenario], tolerance: float,
                 tally: Tally) -> None:
     client_a, client_b = Client(a), Client(b)
     try:
         compare_http(a, b, profile, tally)
-        for scenario in scenarios:
+        for scenario in [s for s in scenarios if not s.deliberate]:
             run_scenario(scenario, client_a, client_b, profile, tolerance, tally)
+        before = _flushed(a), _flushed(b)
+        for scenario in [s for s in scenarios if s.deliberate]:
+            run_scenario(scenario, client_a, client_b, profile, tolerance, tally)
+        if a.stats and b.stats:
+            compare_stats(before, (_flushed(a), _flushed(b)), profile, scenarios, tally)
     finally:
         client_a.close()
         client_b.close()

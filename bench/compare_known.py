@@ -42,9 +42,11 @@ class Known:
 def _overridden(seen: Seen) -> bool:
     """A count of a request without an override after requests overriding the same descriptor's limit: the
     reference counts both on one key (its key names no limit), slidegate each on its own."""
-    return (seen.in_answer and seen.request is not None and seen.scenario is not None
-            and not any(d.limit for d in seen.request.descriptors)
-            and any(d.limit for r in seen.scenario.requests for d in r.descriptors))
+    if seen.scenario is None or not any(d.limit for r in seen.scenario.requests for d in r.descriptors):
+        return False
+    if seen.path.startswith("stats."):  # the counts of the configured limit's key
+        return True
+    return seen.in_answer and seen.request is not None and not any(d.limit for d in seen.request.descriptors)
 
 
 KNOWN = (
@@ -53,6 +55,15 @@ KNOWN = (
     Known("all-or-nothing", "With `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true` a rejected request counts nothing",
           lambda seen: seen.in_answer and seen.profile == "stop_increment"),
     Known("an override's own counter", "**A limit override counts on a counter of its own**", _overridden),
+    Known("over_limit takes all", "a request over its limit counts all its hits in `over_limit`",
+          lambda seen: seen.path.endswith(".near_limit+over_limit") and seen.a[0] <= seen.b[0]
+          and seen.a[1] >= seen.b[1]),
+    Known("shadow_mode takes all", "shadow rule's all in `shadow_mode`",
+          lambda seen: seen.path.endswith(".shadow_mode") and (seen.a or 0) >= (seen.b or 0)),
+    Known("no local cache for a fixed window", "so `over_limit_with_local_cache` stays 0",
+          lambda seen: seen.path.endswith(".over_limit_with_local_cache") and seen.a is None),
+    Known("no Go runtime stats", "The `go.*` runtime stats and the `redis_pool.*` ones are not sent",
+          lambda seen: seen.path.startswith(("stats.ratelimit.go.", "stats.ratelimit.redis_pool.")) and seen.a is None),
     Known("INVALID_ARGUMENT", "**A request that cannot be decided is `INVALID_ARGUMENT`**",
           lambda seen: seen.path == "grpc_error" and (seen.a, seen.b) == ("INVALID_ARGUMENT", "UNKNOWN")),
     Known("/json prints zeros", "**`/json` prints every field**",

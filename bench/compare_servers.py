@@ -15,12 +15,14 @@ import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.compare_stats import StatsdListener
 from bench.run import private_redis
 from slidegate import stack
 
+STATS_FLUSH_SECONDS = 1
 # the settings both servers get in every run; a profile adds the ones that change answers
 COMMON = {"LOG_LEVEL": "warn", "USE_STATSD": "false", "USE_PROMETHEUS": "false", "EXPIRATION_JITTER_MAX_SECONDS": "0",
           "LOCAL_CACHE_SIZE_IN_BYTES": "0", "REDIS_SOCKET_TYPE": "tcp", "RUNTIME_WATCH_ROOT": "false"}
@@ -50,6 +52,7 @@ class Server:
     grpc: str
     http: str = ""
     debug: str = ""
+    stats: StatsdListener | None = field(default=None, compare=False)  # what it sends to statsd, if started here
 
     def get(self, path: str, body: bytes | None = None, debug: bool = False) -> tuple[int, str]:
         """The HTTP status and body of ``path`` (POST when ``body`` is given); (0, "") when nothing answers."""
@@ -71,43 +74,45 @@ def config_dir(root: Path) -> Path:
 
 
 @contextmanager
-def started(reference_binary: str, root: Path, profile: Mapping[str, str],
-            logs: Path) -> Iterator[tuple[Server, Server]]:
-    """Both servers on the config under ``root`` with ``profile``'s settings, on a private Redis; stopped after."""
+def started(reference_binary: str, root: Path, profile: Mapping[str, str], logs: Path,
+            slidegate_env: Mapping[str, str] | None = None) -> Iterator[tuple[Server, Server]]:
+    """Both servers on the config under ``root`` with ``profile``'s settings, on a private Redis, each sending
+    its stats to a listener of its own; stopped after. ``slidegate_env``: slidegate's own settings (default:
+    DEFAULT_ALGORITHM=fixed_window)."""
     run = uuid.uuid4().hex[:8]
     with private_redis() as (url, _), ExitStack() as stack_:
         env = {**os.environ, **COMMON, **profile}
-        ours = _ports()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "slidegate", "serve", "--config", str(config_dir(root))],
-            env={**env, **_listen(ours), "DEFAULT_ALGORITHM": "fixed_window", "REDIS_URL": url,
-                 "CACHE_KEY_PREFIX": f"sg{run}:", "LOCAL_LIMIT_REPLICAS": "1"},
-            stdout=(logs / "slidegate.log").open("w"), stderr=subprocess.STDOUT)
-        stack_.callback(stack.stop, process)
-        theirs = _ports()
-        host_port = url.removeprefix("redis://").split("/")[0]
-        reference = subprocess.Popen(
-            [reference_binary], env={**env, **_listen(theirs), "REDIS_URL": host_port, "RUNTIME_ROOT": str(root),
-                                     "RUNTIME_SUBDIRECTORY": "ratelimit", "CACHE_KEY_PREFIX": f"rl{run}:"},
-            stdout=(logs / "reference.log").open("w"), stderr=subprocess.STDOUT)
-        stack_.callback(stack.stop, reference)
-        servers = (_server("slidegate", ours), _server("reference", theirs))
+        ours = {"DEFAULT_ALGORITHM": "fixed_window", "LOCAL_LIMIT_REPLICAS": "1", **(slidegate_env or {}),
+                "REDIS_URL": url, "CACHE_KEY_PREFIX": f"sg{run}:"}
+        theirs = {"REDIS_URL": url.removeprefix("redis://").split("/")[0], "RUNTIME_ROOT": str(root),
+                  "RUNTIME_SUBDIRECTORY": "ratelimit", "CACHE_KEY_PREFIX": f"rl{run}:"}
+        servers = (
+            _launch("slidegate", [sys.executable, "-m", "slidegate", "serve", "--config", str(config_dir(root))],
+                    {**env, **ours}, logs, stack_),
+            _launch("reference", [reference_binary], {**env, **theirs}, logs, stack_))
         for server in servers:
             _wait_healthy(server, logs)
         yield servers
 
 
-def _ports() -> dict[str, int]:
-    return {"grpc": stack.free_port(), "http": stack.free_port(), "debug": stack.free_port()}
+def _launch(name: str, command: list[str], env: Mapping[str, str], logs: Path, stack_: ExitStack) -> Server:
+    """Start ``command`` on free ports with a statsd listener of its own (both closed by ``stack_``)."""
+    listener = StatsdListener()
+    stack_.callback(listener.close)
+    ports = {"grpc": stack.free_port(), "http": stack.free_port(), "debug": stack.free_port()}
+    statsd = {"USE_STATSD": "true", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": str(listener.port),
+              "STATS_FLUSH_INTERVAL": f"{STATS_FLUSH_SECONDS}s"}
+    with (logs / f"{name}.log").open("w") as log:
+        process = subprocess.Popen(command, env={**env, **_listen(ports), **statsd}, stdout=log,
+                                   stderr=subprocess.STDOUT)
+    stack_.callback(stack.stop, process)
+    return Server(name, f"127.0.0.1:{ports['grpc']}", f"127.0.0.1:{ports['http']}", f"127.0.0.1:{ports['debug']}",
+                  listener)
 
 
 def _listen(ports: Mapping[str, int]) -> dict[str, str]:
     return {"GRPC_HOST": "127.0.0.1", "GRPC_PORT": str(ports["grpc"]), "HOST": "127.0.0.1",
             "PORT": str(ports["http"]), "DEBUG_HOST": "127.0.0.1", "DEBUG_PORT": str(ports["debug"])}
-
-
-def _server(name: str, ports: Mapping[str, int]) -> Server:
-    return Server(name, f"127.0.0.1:{ports['grpc']}", f"127.0.0.1:{ports['http']}", f"127.0.0.1:{ports['debug']}")
 
 
 def _wait_healthy(server: Server, logs: Path, timeout: float = 30.0) -> None:
