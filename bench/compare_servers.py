@@ -53,6 +53,7 @@ class Server:
     http: str = ""
     debug: str = ""
     stats: StatsdListener | None = field(default=None, compare=False)  # what it sends to statsd, if started here
+    pid: int = 0  # its process, if started here
 
     def get(self, path: str, body: bytes | None = None, debug: bool = False) -> tuple[int, str]:
         """The HTTP status and body of ``path`` (POST when ``body`` is given); (0, "") when nothing answers."""
@@ -74,28 +75,39 @@ def config_dir(root: Path) -> Path:
 
 
 @contextmanager
-def started(reference_binary: str, root: Path, profile: Mapping[str, str], logs: Path,
-            slidegate_env: Mapping[str, str] | None = None) -> Iterator[tuple[Server, Server]]:
+def started(reference_binary: str, root: Path, profile: Mapping[str, str],
+            logs: Path) -> Iterator[tuple[Server, Server]]:
     """Both servers on the config under ``root`` with ``profile``'s settings, on a private Redis, each sending
-    its stats to a listener of its own; stopped after. ``slidegate_env``: slidegate's own settings (default:
-    DEFAULT_ALGORITHM=fixed_window)."""
-    run = uuid.uuid4().hex[:8]
+    its stats to a listener of its own; stopped after."""
     with private_redis() as (url, _), ExitStack() as stack_:
         env = {**os.environ, **COMMON, **profile}
-        ours = {"DEFAULT_ALGORITHM": "fixed_window", "LOCAL_LIMIT_REPLICAS": "1", **(slidegate_env or {}),
-                "REDIS_URL": url, "CACHE_KEY_PREFIX": f"sg{run}:"}
-        theirs = {"REDIS_URL": url.removeprefix("redis://").split("/")[0], "RUNTIME_ROOT": str(root),
-                  "RUNTIME_SUBDIRECTORY": "ratelimit", "CACHE_KEY_PREFIX": f"rl{run}:"}
-        servers = (
-            _launch("slidegate", [sys.executable, "-m", "slidegate", "serve", "--config", str(config_dir(root))],
-                    {**env, **ours}, logs, stack_),
-            _launch("reference", [reference_binary], {**env, **theirs}, logs, stack_))
+        servers = (launch_slidegate(root, url, env, logs, stack_), launch_reference(reference_binary, root, url, env,
+                                                                                    logs, stack_))
         for server in servers:
-            _wait_healthy(server, logs)
+            wait_healthy(server, logs)
         yield servers
 
 
-def _launch(name: str, command: list[str], env: Mapping[str, str], logs: Path, stack_: ExitStack) -> Server:
+def launch_slidegate(root: Path, redis_url: str, env: Mapping[str, str], logs: Path, stack_: ExitStack,
+                     name: str = "slidegate") -> Server:
+    """`slidegate serve` on the config under ``root``, DEFAULT_ALGORITHM=fixed_window unless ``env`` says
+    otherwise, under a key prefix of its own."""
+    own = {"DEFAULT_ALGORITHM": "fixed_window", "LOCAL_LIMIT_REPLICAS": "1", **env, "REDIS_URL": redis_url,
+           "CACHE_KEY_PREFIX": f"sg{uuid.uuid4().hex[:8]}:"}
+    return launch(name, [sys.executable, "-m", "slidegate", "serve", "--config", str(config_dir(root))], own, logs,
+                  stack_)
+
+
+def launch_reference(binary: str, root: Path, redis_url: str, env: Mapping[str, str], logs: Path,
+                     stack_: ExitStack) -> Server:
+    """envoyproxy/ratelimit's ``binary`` on the config under ``root`` (its RUNTIME_ROOT), under a key prefix of
+    its own."""
+    own = {**env, "REDIS_URL": redis_url.removeprefix("redis://").split("/")[0], "RUNTIME_ROOT": str(root),
+           "RUNTIME_SUBDIRECTORY": "ratelimit", "CACHE_KEY_PREFIX": f"rl{uuid.uuid4().hex[:8]}:"}
+    return launch("reference", [binary], own, logs, stack_)
+
+
+def launch(name: str, command: list[str], env: Mapping[str, str], logs: Path, stack_: ExitStack) -> Server:
     """Start ``command`` on free ports with a statsd listener of its own (both closed by ``stack_``)."""
     listener = StatsdListener()
     stack_.callback(listener.close)
@@ -107,7 +119,7 @@ def _launch(name: str, command: list[str], env: Mapping[str, str], logs: Path, s
                                    stderr=subprocess.STDOUT)
     stack_.callback(stack.stop, process)
     return Server(name, f"127.0.0.1:{ports['grpc']}", f"127.0.0.1:{ports['http']}", f"127.0.0.1:{ports['debug']}",
-                  listener)
+                  listener, process.pid)
 
 
 def _listen(ports: Mapping[str, int]) -> dict[str, str]:
@@ -115,7 +127,7 @@ def _listen(ports: Mapping[str, int]) -> dict[str, str]:
             "PORT": str(ports["http"]), "DEBUG_HOST": "127.0.0.1", "DEBUG_PORT": str(ports["debug"])}
 
 
-def _wait_healthy(server: Server, logs: Path, timeout: float = 30.0) -> None:
+def wait_healthy(server: Server, logs: Path, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.get("/healthcheck")[0] == 200:
