@@ -274,7 +274,11 @@ class Decider:
             self._outage.failed(str(exc))
             raise
         statuses, degraded, late, cached = decided
-        rejected = rejects(statuses)
+        rejected = False
+        for status in statuses:  # most requests have no limit over: rejects' scans are for the others
+            if status.over:
+                rejected = rejects(statuses)
+                break
         if rejected and self._limiter.shadow_mode:
             rejected = False
             self.metrics.global_shadow_mode.inc()  # SHADOW_MODE turned this request's OVER_LIMIT into OK
@@ -289,7 +293,8 @@ class Decider:
                 self._outage.failed(f"decided by failure mode {degraded}")
         elif prepared.plan.counted and not cached:  # the storage answered (a request of no limit never asks it)
             self.metrics.storage_latency.observe(time.perf_counter() - started)
-            self._outage.answered()
+            if self._outage.failing:
+                self._outage.answered()
         if prepared.not_found is not None:
             prepared.not_found.inc(len(prepared.descriptors))
         for index, counters, limit in prepared.counted:

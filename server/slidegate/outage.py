@@ -27,6 +27,9 @@ class OutageLog:
         self._failed = 0  # calls failed since the last line
         self._last_line: float | None = None
         self._announced = False  # a line said that this outage began
+        # whether an outage is being followed (answered has something to do): a decision asks it before telling
+        # the log of each answer, a call fewer on every call of a healthy service
+        self.failing = False
 
     def failed(self, reason: str) -> None:
         now = self._clock()
@@ -34,6 +37,7 @@ class OutageLog:
         self._last = now
         if self._first is None:
             self._first = now
+            self.failing = True
         if self._last_line is None or now - self._last_line >= self.LINE_EVERY:
             log.warning("storage unavailable: calls failed or decided by the failure mode%s: %d; last: %s",
                         "" if self._last_line is None else f" in the last {now - self._last_line:.0f} s", self._failed,
@@ -52,3 +56,4 @@ class OutageLog:
             # the next outage is told at once
             self._failed, self._announced, self._last_line = 0, False, None
         self._first = None
+        self.failing = False

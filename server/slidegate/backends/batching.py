@@ -169,9 +169,9 @@ class Batcher(Generic[Item, Result]):
         flight = None
         try:
             if self._start is not None:
-                back = partial(self._sent, loop, heavy, expired)
-                flight = Flight(back, batch, expired) if len(batch) > 1 else Lone(
-                    partial(self._lone_sent, id(batch[0][1]), back), batch, expired)
+                # a Lone flight's caller deadline is forgotten as it lands (see ``_callers``)
+                flight = (Flight(partial(self._sent, loop, heavy, expired), batch, expired) if len(batch) > 1
+                          else Lone(partial(self._sent, loop, heavy, expired, id(batch[0][1])), batch, expired))
                 if not self._start([item for item, _, _ in batch] if items is None else items, flight):
                     flight = None
         except Exception as exc:  # as from ``send``: its callers hear of it, and its place is free again
@@ -237,15 +237,17 @@ class Batcher(Generic[Item, Result]):
         finally:
             self._sent(asyncio.get_running_loop(), heavy, expired)
 
-    def _lone_sent(self, key: int, back: Callable[[], None]) -> None:
-        """A Lone flight is back: its caller's deadline is forgotten with it (see ``_callers``)."""
-        self._callers.pop(key, None)
-        back()
-
-    def _sent(self, loop: asyncio.AbstractEventLoop, heavy: bool, expired: list[bool]) -> None:
-        """A batch is back (answered, failed or cut off): its place goes to the items waiting."""
+    def _sent(self, loop: asyncio.AbstractEventLoop, heavy: bool, expired: list[bool], caller: int = 0) -> None:
+        """A batch is back (answered, failed or cut off): its place goes to the items waiting; ``caller``: the key
+        in ``_callers`` of a Lone flight's caller, forgotten with it. (``_back`` inlined: this runs for every
+        batch.)"""
         self._out.pop(id(expired), None)
-        self._back(heavy)
+        if caller:
+            self._callers.pop(caller, None)
+        if heavy:
+            self._heavy_in_flight = False
+        else:
+            self._in_flight -= 1
         if self._waiting:
             self._flush(loop)
 

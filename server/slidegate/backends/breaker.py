@@ -40,6 +40,9 @@ class Breaker:
         self._opened_at: float | None = None
         self._next_probe = 0.0
         self.reason = ""  # the last failure's
+        # no round trip failed since Redis last answered: allow() says yes and answered() has nothing to undo (read
+        # before calling them, a call fewer on each of a healthy Redis's calls)
+        self.clear = True
         self._opened = Repeated(log, "%s")  # a Redis that flaps opens it every few seconds
 
     @property
@@ -59,10 +62,12 @@ class Breaker:
     def answered(self) -> None:
         """Redis answered a script call (an error reply too: it is running). The service says so in its log."""
         self._failures, self._opened_at = 0, None
+        self.clear = True
 
     def failed(self, reason: str) -> None:
         """A round trip failed for ``reason`` (a connection that could not be made, no answer in time)."""
         now = self._clock()
+        self.clear = False
         if self._failures == 0:
             self._first_failure = now
         self._failures += 1

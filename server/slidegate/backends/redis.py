@@ -119,7 +119,7 @@ class RedisBackend:
         self._runner = ScriptRunner(self._transport, lua_script([a.value for a in Algorithm]),
                                     permits=self._permits, silence=self._silence, function=function)
         # most batches are written without a task; with REDIS_WAIT_REPLICAS each waits for its WAIT in one
-        connections = self._transport.batches
+        connections = self._batches = self._transport.batches
         taskless = None
         if connections is not None and not wait_replicas:
             taskless = TasklessCalls(connections, self._permits, self._silence, self._packed,
@@ -160,14 +160,14 @@ class RedisBackend:
         if timeout is not None and timeout <= GRANULARITY:
             # the caller is gone, or will be before any answer could reach it: no evidence about Redis
             raise DeadlineExceeded(f"{self.describe()}: the caller's deadline ({timeout:.3f} s) ran out")
-        refusal = self.refusal(timeout)
+        refusal = self._silence.refusal(timeout)
         if refusal is not None:
             raise refusal
         clock: str | int = "" if now_us is None else now_us
         caller_first = timeout is not None and timeout < self._timeout
         bound = timeout if timeout is not None and caller_first else self._timeout
         try:
-            if self._transport.batches is not None:
+            if self._batches is not None:
                 # a caller's own deadline counts from now, whatever it waits for (its failure mode must answer
                 # in time); only a call without one is bounded by its batch once sent (the wait for a place is
                 # then not time at Redis)
@@ -199,7 +199,7 @@ class RedisBackend:
         sent before ``until`` (the event loop's time) or not at all. One Redis (or Sentinel's master): in the
         next batch, whose answer is awaited once it is sent, whatever the time (so that it can be undone); a
         cluster: a script call of its own."""
-        if self._transport.batches is not None:
+        if self._batches is not None:
             left = None if until is None else until - asyncio.get_running_loop().time()
             part = await self._batcher.submit((checks, clock, True), left, settle=True)
             if not isinstance(part, Part):

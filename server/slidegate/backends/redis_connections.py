@@ -48,13 +48,14 @@ class Connections:
         if not self._idle or self._idle_loop is not loop:
             return None
         connection = self._idle[-1]
-        if connection.closed or not self.current(connection):
+        # current(), inlined: this runs for every batch
+        if connection.closed or not (self._master is None or self._master.current(connection)):
             return None
         return self._idle.pop()
 
     def keep(self, connection: WireConnection) -> None:
         """``connection``, in step again (taken with ``take_idle``), back among the idle ones, or closed."""
-        if self._closed or not self.current(connection):
+        if self._closed or not (self._master is None or self._master.current(connection)):  # current(), inlined
             connection.close()
         else:
             self._idle.append(connection)

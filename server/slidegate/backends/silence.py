@@ -39,8 +39,9 @@ class Silence:
 
     def answered(self) -> None:
         self._last_answer = time.monotonic()
-        if self._breaker is not None:
-            self._breaker.answered()
+        breaker = self._breaker
+        if breaker is not None and not breaker.clear:
+            breaker.answered()
 
     def failed(self, reason: str) -> None:
         if self._breaker is not None:
@@ -49,8 +50,9 @@ class Silence:
     def refusal(self, timeout: float | None) -> BackendUnavailable | None:
         """Why a call must not go to Redis now (its failure mode answers at once), or None: the breaker is open,
         or Redis has been silent for longer than the call can wait."""
-        if self._breaker is not None and not self._breaker.allow():
-            return BackendUnavailable(f"{self._name}: failing ({self._breaker.reason}); calls fail at once "
+        breaker = self._breaker
+        if breaker is not None and not breaker.clear and not breaker.allow():
+            return BackendUnavailable(f"{self._name}: failing ({breaker.reason}); calls fail at once "
                                       "until Redis answers again")
         if timeout is None or not self._asked:
             return None
