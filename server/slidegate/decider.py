@@ -170,6 +170,12 @@ class Decider:
         # the config everything above was matched against: a reload forgets it all at once, here only
         self._epoch: Config | None = None
         self._outage = OutageLog()
+        self._watchers: list[Callable[[Decision], object]] = []
+
+    def watch(self, watcher: Callable[[Decision], object]) -> None:
+        """Tell ``watcher`` of every decision from now on, as it is made (in the event loop: it must be quick and
+        must not raise), after the metrics; a call refused or undecided is not a decision."""
+        self._watchers.append(watcher)
 
     def remembered(self) -> dict[bytes, Prepared]:
         """The requests remembered now, by their edge's key (a copy; see the module docstring)."""
@@ -303,6 +309,9 @@ class Decider:
                             shadow=status.shadow, cached=cached)  # shadow: its rule's shadow_mode
         if log.isEnabledFor(logging.DEBUG):
             _log_decision(decision)
+        if self._watchers:
+            for watcher in self._watchers:
+                watcher(decision)
         self.metrics.call_latency.observe(time.perf_counter() - started)
         return decision
 
