@@ -2,6 +2,9 @@
 slidegate with its defaults, all three on one private Redis and one config, in one run.
 
     python bench/compare_speed.py --reference /path/to/ratelimit [--requests 20000] [--repeat 3] [--out FILE]
+    # or any RLS already running on the config this writes:
+    python bench/compare_speed.py --write-config DIR
+    python bench/compare_speed.py --address slidegate=127.0.0.1:8081 --address other=127.0.0.1:9081
 
 The reference is its ./src/service_cmd, built by hand outside this repository. Each workload is one
 pre-serialised ShouldRateLimit call repeated by h2load over gRPC (10 connections, 10 streams each), the servers
@@ -61,7 +64,8 @@ WORKLOADS = (Workload("1 descriptor", 1), Workload("4 descriptors", 4), Workload
 def measure(server: Server, workload: Workload, requests: int, directory: Path, redis: int) -> Load:
     entries = [(f"d{i}", "v") for i in range(workload.descriptors)]
     data = body(*entries, directory=directory)
-    watch = {"server": server.pid, "redis": redis}
+    # a server or Redis not started here (pid 0): this process stands in, and its CPU is not told
+    watch = {"server": server.pid or os.getpid(), "redis": redis or os.getpid()}
     port = int(server.grpc.rsplit(":", 1)[1])
     if not workload.attack:
         calls = requests // 10 if workload.clients == 1 else requests
@@ -71,10 +75,10 @@ def measure(server: Server, workload: Workload, requests: int, directory: Path, 
 
 
 def run(reference: str, requests: int, repeat: int) -> tuple[list[str], dict[tuple[str, str], list[Load]]]:
+    """The servers started here, measured."""
     root = scratch()
     config_dir(root).mkdir(parents=True)
     (config_dir(root) / "bench.yaml").write_text(CONFIG)
-    results: dict[tuple[str, str], list[Load]] = {}
     with private_redis() as (url, _), ExitStack() as stack_:
         env = {**os.environ, **COMMON}
         servers = [launch_reference(reference, root, url, env, root, stack_),
@@ -83,15 +87,21 @@ def run(reference: str, requests: int, repeat: int) -> tuple[list[str], dict[tup
         for server in servers:
             wait_healthy(server, root)
         servers.append(_noop(stack_))
-        redis = redis_pid(url)
-        for server in servers:  # warm up: connections, caches, the interpreter's
-            measure(server, WORKLOADS[0], requests // 4, root, redis)
-        for _ in range(repeat):
-            for workload in WORKLOADS:
-                for server in servers:
-                    results.setdefault((workload.name, server.name), []).append(
-                        measure(server, workload, requests, root, redis))
-    return [s.name for s in servers], results
+        return [s.name for s in servers], rounds(servers, requests, repeat, root, redis_pid(url))
+
+
+def rounds(servers: list[Server], requests: int, repeat: int, directory: Path,
+           redis: int) -> dict[tuple[str, str], list[Load]]:
+    """Every workload on every server, ``repeat`` times, the servers in turn."""
+    results: dict[tuple[str, str], list[Load]] = {}
+    for server in servers:  # warm up: connections, caches, the interpreter's
+        measure(server, WORKLOADS[0], requests // 4, directory, redis)
+    for _ in range(repeat):
+        for workload in WORKLOADS:
+            for server in servers:
+                results.setdefault((workload.name, server.name), []).append(
+                    measure(server, workload, requests, directory, redis))
+    return results
 
 
 def _noop(stack_: ExitStack) -> Server:
@@ -112,7 +122,7 @@ def _median(loads: list[Load], value: Callable[[Load], float]) -> float:
     return statistics.median(value(load) for load in loads)
 
 
-def table(names: list[str], results: dict[tuple[str, str], list[Load]], commit: str) -> str:
+def table(names: list[str], results: dict[tuple[str, str], list[Load]], commit: str, cpu: bool = True) -> str:
     lines = [f"envoyproxy/ratelimit at `{commit}`; medians of {len(next(iter(results.values())))} runs.", "",
              "| workload | server | calls/s | calls per CPU-second | p50 ms | p99 ms | Redis CPU µs/call | failed |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -122,22 +132,37 @@ def table(names: list[str], results: dict[tuple[str, str], list[Load]], commit: 
             calls = _median(loads, lambda x: x.calls)
             per_cpu = _median(loads, lambda x: x.calls / max(x.cpu["server"], 1e-9))
             redis_us = _median(loads, lambda x: x.cpu["redis"] / x.calls * 1e6)
-            lines.append(f"| {workload.name} | {name} | {calls:,.0f} | {per_cpu:,.0f} | "
+            per_cpu_text, redis_text = (f"{per_cpu:,.0f}", f"{redis_us:.0f}") if cpu else ("-", "-")
+            lines.append(f"| {workload.name} | {name} | {calls:,.0f} | {per_cpu_text} | "
                          f"{_median(loads, lambda x: x.p50_ms):.2f} | {_median(loads, lambda x: x.p99_ms):.2f} | "
-                         f"{redis_us:.0f} | {sum(x.failed for x in loads)} |")
+                         f"{redis_text} | {sum(x.failed for x in loads)} |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reference", required=True, help="envoyproxy/ratelimit's binary")
+    parser.add_argument("--reference", help="envoyproxy/ratelimit's binary: start the servers here")
+    parser.add_argument("--address", action="append", default=[], metavar="NAME=HOST:PORT",
+                        help="instead, an RLS already running on the config --write-config writes (repeatable; "
+                             "calls/s and latency only)")
+    parser.add_argument("--write-config", type=Path, help="write the config the workloads need to DIR and exit")
     parser.add_argument("--commit", default="", help="the reference's commit, for the table")
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", type=Path, help="write the table here too")
     args = parser.parse_args()
-    names, results = run(args.reference, args.requests, args.repeat)
-    text = table(names, results, args.commit or "unknown")
+    if args.write_config:
+        args.write_config.mkdir(parents=True, exist_ok=True)
+        (args.write_config / "bench.yaml").write_text(CONFIG)
+        return 0
+    if args.reference:
+        names, results = run(args.reference, args.requests, args.repeat)
+    elif args.address:
+        servers = [Server(name, address) for name, _, address in (a.partition("=") for a in args.address)]
+        names, results = [s.name for s in servers], rounds(servers, args.requests, args.repeat, scratch(), 0)
+    else:
+        parser.error("give --reference, or --address (with --write-config first)")
+    text = table(names, results, args.commit or "unknown", cpu=bool(args.reference))
     print(text)
     if args.out:
         args.out.write_text(text)
