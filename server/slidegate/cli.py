@@ -1,4 +1,4 @@
-"""The ``slidegate`` command: ``serve``, ``check-config``, ``client``, ``demo``, ``simulate``.
+"""The ``slidegate`` command: ``serve``, ``check-config``, ``explain``, ``client``, ``demo``, ``simulate``.
 
 ``serve`` takes every setting of slidegate.settings as a flag or as the environment variable ``--help`` shows
 (names follow envoyproxy/ratelimit where it has one).
@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -26,6 +27,7 @@ from slidegate.client import RateLimitClient, RateLimitUnavailable
 from slidegate.config import ConfigError, LoadOptions, load_directory
 from slidegate.config.describe import describe_config
 from slidegate.demo import run_demo, run_rlqs_demo
+from slidegate.explain_command import explain_request
 from slidegate.logs import configure_logging
 from slidegate.reference_env import unread_line
 from slidegate.server import run, tracing_missing
@@ -93,6 +95,22 @@ def serve(**flags: str | None) -> None:
     except OSError as exc:
         click.echo(f"cannot start: {exc}", err=True)
         sys.exit(1)
+
+
+@main.command(epilog=_ENV_NOTE)
+@click.argument("request_file", metavar="REQUEST", type=click.File("rb"))
+@settings_options
+def explain(request_file: Any, **flags: str | None) -> None:
+    """Explain a RateLimitRequest (proto-JSON, as POST /json takes it; "-" for stdin) against the config and the
+    storage these settings name, counting nothing: each descriptor's rule and why, where it is defined, its usage,
+    and what ShouldRateLimit would answer now (JSON, as POST /explain). Exit code 2 for an error."""
+    try:
+        settings = Settings.load(os.environ, flags)
+        answer = asyncio.run(explain_request(settings, request_file.read().decode("utf-8")))
+    except (SettingsError, ConfigError, ValueError, OSError) as exc:  # json's and protobuf's errors included
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    click.echo(json.dumps(answer, indent=2))
 
 
 @main.command("check-config")

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from slidegate.backends.base import BackendUnavailable, DeadlineExceeded, admits
 from slidegate.config.model import Config
+from slidegate.explain import Explanation, explain
 from slidegate.failure_modes import FailureMode
 from slidegate.headers import Shown
 from slidegate.heap import Heap
@@ -256,6 +257,13 @@ class Decider:
         except UNDECIDED as exc:
             self.refused(exc)
             raise
+
+    async def explain(self, request: LimitRequest) -> Explanation:
+        """Explain a request of any edge without deciding it (slidegate.explain): nothing counted, nothing told to
+        the metrics. Raises as ``decide`` does, BackendUnavailable whatever the failure mode."""
+        check_shape(request.domain, request.descriptors)
+        return await explain(self._limiter, request.domain, request.descriptors, request.hits_addend,
+                             request.timeout)
 
     def refused(self, exc: Undecided) -> None:
         """Count a call refused as invalid (the reference's ``service_error``; a refused field under its own

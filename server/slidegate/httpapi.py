@@ -28,7 +28,7 @@ JSON = "application/json"
 # the HTTP status of each refusal (decider.refusal)
 HTTP_STATUS = {Refused.INVALID_ARGUMENT: 400, Refused.UNAVAILABLE: 503, Refused.UNKNOWN: 500,
                Refused.DEADLINE_EXCEEDED: 504}
-ROUTES = ("json", "healthcheck", "rlconfig", "metrics", "stats")
+ROUTES = ("json", "explain", "healthcheck", "rlconfig", "metrics", "stats")
 log = logging.getLogger(__name__)
 
 
@@ -36,7 +36,8 @@ def make_app(service: RateLimitService, config: Callable[[], Config], health: He
              routes: tuple[str, ...] = ROUTES, *, metrics_path: str = "/metrics") -> web.Application:
     """An application serving ``routes`` (names from ROUTES), the metrics at ``metrics_path``."""
     endpoints = _Endpoints(service, config, health)
-    table = {"json": web.post("/json", endpoints.decide), "healthcheck": web.get("/healthcheck", endpoints.healthcheck),
+    table = {"json": web.post("/json", endpoints.decide), "explain": web.post("/explain", endpoints.explain),
+             "healthcheck": web.get("/healthcheck", endpoints.healthcheck),
              "rlconfig": web.get("/rlconfig", endpoints.rlconfig), "metrics": web.get(metrics_path, endpoints.metrics),
              "stats": web.get("/stats", endpoints.stats)}
     app = web.Application(middlewares=[_errors_as_json])
@@ -53,6 +54,35 @@ class _Endpoints:
         self.health = health
 
     async def decide(self, request: web.Request) -> web.Response:
+        read = await self._limit_request(request)
+        if isinstance(read, web.Response):
+            return read
+        try:
+            decision = await self.service.decider.decide(read)
+        except UNDECIDED as exc:
+            code, details = refusal(exc)
+            return _error(details, HTTP_STATUS[code])
+        status = 429 if decision.rejected else 200
+        response = self.service.response(decision)
+        # every field, zeros included: limitRemaining 0 is an answer, not an absent one
+        text = json_format.MessageToJson(response, indent=None, always_print_fields_with_no_presence=True)
+        return web.Response(text=text, status=status, content_type=JSON)
+
+    async def explain(self, request: web.Request) -> web.Response:
+        """What /json would answer now and why (slidegate.explain), the body read as /json reads it; nothing is
+        counted."""
+        read = await self._limit_request(request)
+        if isinstance(read, web.Response):
+            return read
+        try:
+            explanation = await self.service.decider.explain(read)
+        except UNDECIDED as exc:
+            code, details = refusal(exc)
+            return _error(details, HTTP_STATUS[code])
+        return web.json_response(explanation.as_json())
+
+    async def _limit_request(self, request: web.Request) -> LimitRequest | web.Response:
+        """The request in the body (a RateLimitRequest in proto-JSON), or the error response that answers it."""
         if self.health.draining:
             return _error("shutting down", 503)
         if request.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity"):
@@ -74,16 +104,7 @@ class _Endpoints:
             raise
         except Exception as exc:  # a body aiohttp cannot read (bad encoding, bad compression): the client's fault
             return _error(f"unreadable body: {exc}", 400)
-        try:
-            decision = await decider.decide(LimitRequest(domain, descriptors, message.hits_addend))
-        except UNDECIDED as exc:
-            code, details = refusal(exc)
-            return _error(details, HTTP_STATUS[code])
-        status = 429 if decision.rejected else 200
-        response = self.service.response(decision)
-        # every field, zeros included: limitRemaining 0 is an answer, not an absent one
-        text = json_format.MessageToJson(response, indent=None, always_print_fields_with_no_presence=True)
-        return web.Response(text=text, status=status, content_type=JSON)
+        return LimitRequest(domain, descriptors, message.hits_addend)
 
     async def healthcheck(self, _: web.Request) -> web.Response:
         serving = self.health.serving

@@ -253,6 +253,20 @@ class Limiter:
                                                   s.shadow, s.rule, s.quota, s.hits))
         return _tuple_new(Decided, (statuses, degraded, late, decision.cached))
 
+    async def peek(self, plan: Plan, timeout: float | None = None) -> list[Status]:
+        """``plan``'s statuses as the storage holds its limits now, counting nothing: each check with no hits
+        (backends.base.Check), so ``over`` says a limit has no room left. Raises BackendUnavailable and
+        DeadlineExceeded whatever the failure mode: no failure mode can say what the storage holds."""
+        statuses = list(plan.statuses)
+        if not plan.checks:
+            return statuses
+        now = self._clock() if self._clock else None
+        decision = await self._backend.decide([c._replace(hits=0) for c in plan.checks], now, timeout)
+        for index, outcome in zip(plan.counted, decision.outcomes, strict=True):
+            statuses[index] = statuses[index]._replace(over=outcome.over, remaining=outcome.remaining,
+                                                       reset_us=outcome.reset_us)
+        return statuses
+
     async def should_rate_limit(
         self, domain: str, descriptors: Sequence[Descriptor], hits_addend: int = 0, timeout: float | None = None
     ) -> list[Status]:

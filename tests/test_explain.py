@@ -1,0 +1,129 @@
+"""Explain (Decider.explain, POST /explain, `slidegate explain`): for each descriptor the rule it matched and why,
+where it was defined, what the storage holds now and what ShouldRateLimit would answer, counting nothing; on
+every backend of the behaviour suite."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from slidegate.decider import LimitRequest
+from slidegate.limiter import Descriptor, Override
+from slidegate.units import Unit
+from tests.conftest import Decider
+from tests.helpers import OK, OVER_LIMIT, descriptor, request
+
+Limits = Callable[..., Awaitable[Decider]]
+
+CONFIG = """
+domain: x
+descriptors:
+  - key: user
+    value: alice
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: path
+    value: /health
+  - key: internal
+    rate_limit: {unlimited: true}
+  - key: team
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: org
+    descriptors:
+      - key: plan
+        value: gold
+        rate_limit: {unit: second, requests_per_unit: 10, name: gold, replaces: [{name: standard}]}
+      - key: plan
+        rate_limit: {unit: second, requests_per_unit: 2, name: standard}
+"""
+
+
+def one(*entries: tuple[str, str], override: Override | None = None) -> Descriptor:
+    return Descriptor(tuple(entries), override=override)
+
+
+async def explained(service: Decider, *descriptors: Descriptor, domain: str = "x") -> dict[str, Any]:
+    explanation = await service.app.service.decider.explain(LimitRequest(domain, list(descriptors)))
+    return explanation.as_json()
+
+
+async def test_every_kind_of_match_is_named_with_its_rule_and_source(limits: Limits) -> None:
+    service = await limits(CONFIG)
+    answer = await explained(
+        service, one(("user", "alice")), one(("user", "bob")), one(("path", "/api/v1")), one(("path", "/health")),
+        one(("internal", "x")), one(("team", "t")), one(("nothing", "here")),
+        one(("user", "carol"), override=Override(7, Unit.HOUR)),
+        one(("org", "o"), ("plan", "gold")), one(("org", "o"), ("plan", "free")))
+    kinds = [d["why"] for d in answer["descriptors"]]
+    assert kinds == ["exact value", "default", "wildcard", "no limit", "unlimited", "default", "no rule",
+                     "override", "exact value", "replaced"]
+    alice, bob, api = answer["descriptors"][:3]
+    assert alice["rule"]["name"] == "user=alice" and alice["rule"]["source"].endswith(":4")
+    assert alice["rule"]["limit"] == {"requestsPerUnit": 5, "unit": "MINUTE", "unitMultiplier": 1,
+                                      "algorithm": alice["rule"]["limit"]["algorithm"]}
+    assert (alice["used"], alice["remaining"], alice["code"]) == (0, 5, "OK")
+    assert bob["rule"]["name"] == "user" and bob["remaining"] == 3
+    assert api["rule"]["name"] == "path=/api/*"
+    team = answer["descriptors"][5]
+    assert team["rule"]["shadowMode"] is True
+    override = answer["descriptors"][7]
+    assert "rule" not in override and override["limit"]["requestsPerUnit"] == 7 and override["remaining"] == 7
+    replaced = answer["descriptors"][9]
+    assert replaced["rule"]["name"] == "standard"
+    assert replaced["replacedBy"]["name"] == "gold" and "remaining" not in replaced  # its limit dropped
+    assert answer["overallCode"] == "OK"
+
+
+async def test_an_unknown_domain_is_said_so(limits: Limits) -> None:
+    service = await limits(CONFIG)
+    answer = await explained(service, one(("user", "alice")), domain="nowhere")
+    assert [d["why"] for d in answer["descriptors"]] == ["no such domain"]
+
+
+async def test_explaining_counts_nothing_and_tells_what_would_be_answered(limits: Limits) -> None:
+    service = await limits(CONFIG)
+    bob = request("x", descriptor(("user", "bob")))
+    for _ in range(2):
+        await service.should_rate_limit(bob)
+    for _ in range(1000):
+        answer = await explained(service, one(("user", "bob")))
+    [seen] = answer["descriptors"]
+    assert (seen["used"], seen["remaining"], seen["code"]) == (2, 1, "OK")
+    assert 0 < seen["resetSeconds"] <= 60
+    # the whole rest of the limit is still there: 1 admitted, then over
+    assert [(await service.should_rate_limit(bob)).overall_code for _ in range(2)] == [OK, OVER_LIMIT]
+    answer = await explained(service, one(("user", "bob")))
+    assert answer["overallCode"] == "OVER_LIMIT" and answer["descriptors"][0]["code"] == "OVER_LIMIT"
+    # a shadow rule over its limit rejects nothing
+    await service.should_rate_limit(request("x", descriptor(("team", "t"))))
+    answer = await explained(service, one(("team", "t")))
+    assert answer["descriptors"][0]["over"] is True and answer["overallCode"] == "OK"
+
+
+def test_explain_over_http_and_on_the_command_line(serve: Callable[..., Any], tmp_path: Path,
+                                                   redis_url: str, key_prefix: str) -> None:
+    (tmp_path / "x.yaml").write_text(CONFIG)
+    served = serve(tmp_path)
+    body = json.dumps({"domain": "x", "descriptors": [{"entries": [{"key": "user", "value": "alice"}]}]}).encode()
+    for _ in range(2):
+        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{served.http_port}/json", body)).close()
+    with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{served.http_port}/explain", body)) as r:
+        over_http = json.load(r)
+    assert over_http["descriptors"][0]["used"] == 2 and over_http["descriptors"][0]["remaining"] == 3
+    command = subprocess.run(
+        [sys.executable, "-m", "slidegate", "explain", "--config", str(tmp_path), "--redis-url", redis_url,
+         "--cache-key-prefix", key_prefix, "-"], input=body, capture_output=True, check=True, timeout=60)
+    on_the_command_line = json.loads(command.stdout)
+    for answer in (on_the_command_line, over_http):  # the reset moves on between the two
+        assert 0 < answer["descriptors"][0].pop("resetSeconds") <= 60
+    assert on_the_command_line == over_http
