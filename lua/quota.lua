@@ -16,7 +16,8 @@ local REPORT_INTERVAL_MS = 5000
 local TTL_MS = 3 * REPORT_INTERVAL_MS
 local SLACK_MS = 2000
 local LEASE_MS = 3 * REPORT_INTERVAL_MS
-local SETTLE_MS = 60000
+local SETTLE_MS = REPORT_INTERVAL_MS / 2
+local UNKNOWN = -1
 local MAX_REPORTS = 16
 local MAX_RETIRED = 32
 local MAX_COUNT = 4294967296  -- 2^32
@@ -60,12 +61,13 @@ local function decode_holder(text)
   local n = split(parts[1], ' ')
   for i = 1, #n do n[i] = tonumber(n[i]) end
   return {share = n[1], m = n[2], t = n[3], since = n[4], reported = n[5], level = n[6], carry = n[7],
-          fresh = n[8], demand = n[9], seen = n[10], reports = decode_reports(parts[2]), owner = parts[3] or ''}
+          fresh = n[8], demand = n[9], seen = n[10], reports = decode_reports(parts[2]), owner = parts[3] or '',
+          pm = n[11] or 0, pt = n[12] or 0}
 end
 
 local function encode_holder(h)
   return table.concat({fmt(h.share), fmt(h.m), fmt(h.t), fmt(h.since), fmt(h.reported), fmt(h.level),
-                       fmt(h.carry), fmt(h.fresh), fmt(h.demand), fmt(h.seen)}, ' ') .. '|' ..
+                       fmt(h.carry), fmt(h.fresh), fmt(h.demand), fmt(h.seen), fmt(h.pm), fmt(h.pt)}, ' ') .. '|' ..
          encode_reports(h.reports) .. '|' .. h.owner
 end
 
@@ -125,26 +127,34 @@ local function refill(t, elapsed, m, window)
   return math.floor(t * 1000 * elapsed / window) + 1
 end
 
-local function bucket_for(share, limit, window, shift)
+local function burst_for(share)
+  return math.min(share - 1, math.max(2, math.ceil(share / 20)))
+end
+
+local function bucket_for(share, limit, window, burst)
   if share <= 0 or (share == 1 and limit > 1) then return {0, 0, 0} end
-  if share == 1 then
-    if shift > 0 then return {0, 0, 0} end
-    return {1, 1, 2 * window}
-  end
-  local part = math.min(share - 1, math.max(1, math.floor(share * REPORT_INTERVAL_MS / (REPORT_INTERVAL_MS + window) + 0.5)))
-  part = part + shift
-  if part > share - 1 then return {0, 0, 0} end
-  return {share - part, part, window}
+  if share == 1 then return {1, 1, 2 * window} end
+  local m = burst_for(share)
+  if burst > 0 then m = math.min(burst, m) end
+  return {m, share - m, window}
+end
+
+-- ledger.py's Holder.replacing and Holder.holds (mt)
+local function replacing(h, now, window)
+  return h.pm > 0 and now < h.since + SLACK_MS + window
+end
+
+local function holds(h, now, window)
+  if not replacing(h, now, window) then return h.share * 1000 end
+  local rest = math.min(window, h.since + SLACK_MS + window - now)
+  local ramp = math.ceil((h.pt - h.t) * 1000 * rest / window)
+  return math.max(h.share * 1000, (h.pm + h.t) * 1000 + ramp)
 end
 
 local function assignment_of(h, window)
   if h.m == 0 then return {0, 0, 0} end
   if h.share == 1 then return {1, 1, 2 * window} end
   return {h.m, h.t, window}
-end
-
-local function same(a, b)
-  return a[1] == b[1] and a[2] == b[2] and a[3] == b[3]
 end
 
 -- the ledger: field -> value (read whole by load, which every op but a release or detach that retires nothing
@@ -219,11 +229,11 @@ local function left_of(h, now, window)
   return h.level + refill(h.t, now - h.reported + SLACK_MS, h.m, window)
 end
 
-local function gone(h, till, window)
+local function gone(h, till, now, window)
   local since = h.reported
   if h.fresh == 1 then since = h.since end
-  return {share = h.share, left = h.level + refill(h.t, till + SLACK_MS - since, h.m, window), ended = till,
-          reports = h.reports}
+  return {share = math.ceil(holds(h, now, window) / 1000),
+          left = h.level + refill(h.t, till + SLACK_MS - since, h.m, window), ended = till, reports = h.reports}
 end
 
 local function tidy(holder, now, window)
@@ -235,7 +245,7 @@ local function tidy(holder, now, window)
       local h = decode_holder(state[name])
       if now - h.seen >= LEASE_MS then
         drop(name)
-        if h.share > 0 then retire(gone(h, h.seen + TTL_MS, window), window) end
+        if h.share > 0 then retire(gone(h, h.seen + TTL_MS, now, window), window) end
       end
     end
   end
@@ -259,7 +269,7 @@ if op == 'booked' then
   local total = 0
   for name, text in pairs(state) do
     if string.sub(name, 1, 2) == 'h:' then
-      total = total + decode_holder(text).share * 1000
+      total = total + holds(decode_holder(text), now, window)
     elseif string.sub(name, 1, 2) == 'r:' then
       total = total + booked_by(decode_retired(text), now, window)
     end
@@ -284,7 +294,7 @@ if op == 'release' then
   if (h and h.share > 0) or unsure > 0 then load() end
   if h then
     drop(name)
-    if h.share > 0 then retire(gone(h, now + TTL_MS, window), window) end
+    if h.share > 0 then retire(gone(h, now + TTL_MS, now, window), window) end
   end
   book_unsure(unsure)
   redis.call('PEXPIRE', key, fmt(lifetime))
@@ -319,12 +329,12 @@ if h and h.owner ~= '' and h.owner ~= owner and now - h.seen < LEASE_MS then ret
 local restarted = h and h.owner ~= owner and elapsed == 0
 if h and (now - h.seen >= TTL_MS - SLACK_MS or restarted) then
   drop(name)
-  if h.share > 0 then retire(gone(h, h.seen + TTL_MS, window), window) end
+  if h.share > 0 then retire(gone(h, h.seen + TTL_MS, now, window), window) end
   h = nil
 end
 if not h then
   h = {share = 0, m = 0, t = 0, since = now, reported = now, level = 0, carry = 0, fresh = 0, demand = 0,
-       seen = now, reports = {}, owner = owner}
+       seen = now, reports = {}, owner = owner, pm = 0, pt = 0}
 end
 h.owner = owner
 local level
@@ -343,59 +353,85 @@ h.fresh, h.carry = 0, 0
 if h.share > 0 and allowed > 0 then h.reports[#h.reports + 1] = {now, allowed} end
 h.reports = keep_reports(h.reports, now, window)
 local rate = math.min(MAX_COUNT, math.floor((allowed + denied) * 1000000 / math.max(elapsed, 1000)))
-h.demand = math.max(rate, math.floor(h.demand / 2))
+if elapsed == 0 and h.seen == now and h.demand == 0 and h.m == 0 then
+  h.demand = UNKNOWN
+elseif h.demand == UNKNOWN then
+  h.demand = rate
+else
+  h.demand = h.demand + math.floor((rate - h.demand) / 4)
+end
 h.reported, h.seen = now, now
 put(name, encode_holder(h))
 
-local demands, others = {}, 0
+local demands, others, waiting = {}, 0, false
 for _, other in ipairs(holder_names()) do
   local o = decode_holder(state[other])
   demands[#demands + 1] = o.demand
-  if other ~= name then others = others + o.share * 1000 end
+  if other ~= name then
+    others = others + holds(o, now, window)
+    waiting = waiting or o.share == 0
+  end
 end
 for _, retired in ipairs(retired_names()) do
   others = others + booked_by(decode_retired(state[retired]), now, window)
 end
+-- ledger.py's _target
+local known_sum, known = 0, 0
+for _, d in ipairs(demands) do
+  if d ~= UNKNOWN then known_sum, known = known_sum + d, known + 1 end
+end
+local guess = 1000
+if known > 0 then guess = math.floor(known_sum / known) end
 local sum = 0
-for _, d in ipairs(demands) do sum = sum + d end
+for i, d in ipairs(demands) do
+  if d == UNKNOWN then demands[i] = guess end
+  sum = sum + demands[i]
+end
+local mine = h.demand
+if mine == UNKNOWN then mine = guess end
 local least = math.max(1, math.floor(sum / #demands / 10))
 local weights = 0
 for _, d in ipairs(demands) do weights = weights + math.max(d, least) end
-local target = math.floor(limit * (math.max(h.demand, least) / weights))
+local target = math.floor(limit * (math.max(mine, least) / weights))
 
-local left, old = 0, 0
-if h.share > 0 then
-  left = left_of(h, now, window)
-  old = booked_by({share = h.share, left = left, ended = now, reports = h.reports}, now, window)
-end
-local room = math.max(0, math.floor((limit * 1000 - others - old) / 1000))
+-- ledger.py's _grant and _replaces
+local room = math.max(0, math.floor((limit * 1000 - others) / 1000))
 local share = math.min(target, room)
-local current = assignment_of(h, window)
-local candidate = bucket_for(share, limit, window, 0)
-if same(candidate, current) then
-  candidate = bucket_for(share, limit, window, 1)
-  if candidate[1] == 0 then
-    share = share - 1
-    candidate = bucket_for(share, limit, window, 0)
+local replace = false
+if not replacing(h, now, window) then
+  local shrink = target <= h.share - math.max(1, math.floor(h.share / 5)) or (waiting and target < h.share)
+  if h.share > 0 and shrink then
+    replace = now - h.since >= math.min(window, SETTLE_MS)
+  else
+    replace = share >= h.share + math.max(1, math.floor(h.share / 50)) and not (waiting and h.share > 0)
+              and bucket_for(share, limit, window, 0)[1] > 0
   end
 end
-local margin = math.max(1, math.floor(h.share / 10))
-local replace
-if h.share > 0 and target <= h.share - margin and now - h.since >= math.min(window, SETTLE_MS) then
-  replace = true
-else
-  local gain = (candidate[1] + candidate[2]) * 1000 - (h.level + h.t * 1000)
-  replace = candidate[1] > 0 and not same(candidate, current) and gain >= margin * 1000
-end
 redis.call('PEXPIRE', key, fmt(lifetime))
-if not replace then return current end
-if old > 0 then
-  retire({share = h.share, left = left, ended = now, reports = h.reports}, window)
+if not replace then return assignment_of(h, window) end
+local candidate
+if h.share <= 0 then
+  candidate = bucket_for(share, limit, window, 0)
+else
+  candidate = bucket_for(share, limit, window, h.m + math.max(0, share - h.share))
+end
+local left = 0
+if h.share > 0 then left = left_of(h, now, window) end
+if candidate[1] == 0 then
+  if h.share > 0 then
+    retire({share = math.ceil(holds(h, now, window) / 1000), left = left, ended = now, reports = h.reports},
+           window)
+  end
+  h.reports = {}
+end
+if 0 < share and share < h.share and candidate[1] > 0 then
+  h.pm, h.pt = h.m, h.t
+else
+  h.pm, h.pt = 0, 0
 end
 if candidate[1] == 0 then h.share = 0 else h.share = share end
 h.m, h.t = candidate[1], candidate[2]
 h.since, h.carry, h.fresh = now, left, 1
 h.level = h.m * 1000
-h.reports = {}
 put(name, encode_holder(h))
 return candidate

@@ -1,14 +1,16 @@
 """A plain model of Envoy 1.40's quota filter enforcing slidegate's assignments, for simulations: Envoys that
 receive requests, enforce their bucket as the filter does (source/extensions/filters/http/rate_limit_quota/
-global_client_impl.cc: a token bucket that starts full and refills continuously at tokens_per_fill per
-whole-second fill_interval, kept — tokens and fill interval — when a new assignment's max_tokens and
-tokens_per_fill are unchanged; an assignment that expires falls back (DENY_ALL here) and the next starts full;
+global_client_impl.cc: a token bucket that refills continuously at tokens_per_fill per whole-second
+fill_interval; the first, and one after a blanket rule or an expired assignment, starts full; one that replaces
+another token bucket starts at the old one's fill ratio, rounded down to whole tokens; the same max_tokens and
+tokens_per_fill keep the bucket, tokens and refill; an assignment that expires falls back (DENY_ALL here);
 every request allowed before the first assignment), report every 5 s and take the answer a little later.
-Each of these was seen with Envoy 1.40 and a scripted server (docs/quotas.md, "Envoy 1.40 facts")."""
+Each of these was seen with Envoy 1.40 (bench/rlqs_probe.py; docs/quotas.md, "What Envoy 1.40 does")."""
 
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -36,11 +38,24 @@ class EnvoyBucket:
         self.expire(now)
         old = self.assignment
         self.expires = now + ledger.TTL_MS / 1000
-        if (old is not None and not old.denies and not assignment.denies and old.max_tokens == assignment.max_tokens
-                and old.tokens_per_fill == assignment.tokens_per_fill):
+        if old is None or old.denies or assignment.denies:
+            self.assignment = assignment
+            self.tokens, self.updated = float(assignment.max_tokens), now
+            return
+        if old.max_tokens == assignment.max_tokens and old.tokens_per_fill == assignment.tokens_per_fill:
             return  # the same bucket to Envoy: tokens and fill interval kept (it compares fill_interval's nanos)
+        ratio = self._refilled(now) / old.max_tokens
         self.assignment = assignment
-        self.tokens, self.updated = float(assignment.max_tokens), now
+        self.tokens, self.updated = float(math.floor(assignment.max_tokens * ratio)), now
+
+    def _refilled(self, now: float) -> float:
+        """The token bucket's tokens at ``now`` (refilled up to then)."""
+        a = self.assignment
+        assert a is not None and not a.denies
+        rate = a.tokens_per_fill / (a.fill_interval_ms // 1000)
+        self.tokens = min(float(a.max_tokens), self.tokens + (now - self.updated) * rate)
+        self.updated = now
+        return self.tokens
 
     def expire(self, now: float) -> None:
         if self.assignment is not None and not self.assignment.denies and now >= self.expires:
@@ -54,10 +69,7 @@ class EnvoyBucket:
         elif a.denies:
             admitted, free = False, False
         else:
-            rate = a.tokens_per_fill / (a.fill_interval_ms // 1000)
-            self.tokens = min(float(a.max_tokens), self.tokens + (now - self.updated) * rate)
-            self.updated = now
-            admitted, free = self.tokens >= 1.0, False
+            admitted, free = self._refilled(now) >= 1.0, False
             if admitted:
                 self.tokens -= 1.0
         if admitted:

@@ -29,6 +29,8 @@ from slidegate.config_source import ConfigSource
 from slidegate.health import Health
 from slidegate.heap import Heap
 from slidegate.httpapi import make_app, start_app
+from slidegate.limited_view import watching
+from slidegate.page import routes as limited_routes
 from slidegate.quotas.service import SERVICE as QUOTA_SERVICE
 from slidegate.quotas.service import QuotaService
 from slidegate.reload import ConfigWatcher
@@ -123,6 +125,8 @@ class Server:
                           backend=make_backend(settings, self._tracing.backend if self._tracing is not None else None))
         self._sink = make_statsd_sink(settings, self._app.metrics.store, os.environ)
         self._source = config_source(settings, self._app)
+        # who is limited: told of every decision, shown on the debug port (/limited, /limited/page)
+        self._limited = watching(settings, self._app.service.decider)
         _warn_unused_pipelining(settings)
         # the sink stops after the drain, so that it sends what the last calls counted
         self._sink_stop = asyncio.Event()
@@ -197,7 +201,8 @@ class Server:
         self.http_port = await self._listen(health, routes, settings.http_host, settings.http_port)
         # /stats: the counters by their envoyproxy/ratelimit names, as its debug port prints them
         debug_routes = ("rlconfig", "metrics", "stats") if settings.serves_prometheus else ("rlconfig", "stats")
-        self.debug_port = await self._listen(health, debug_routes, settings.debug_host, settings.debug_port)
+        self.debug_port = await self._listen(health, debug_routes, settings.debug_host, settings.debug_port,
+                                             limited_routes(self._limited))
         if settings.prometheus_listener is not None:
             # PROMETHEUS_ADDR (Envoy Gateway scrapes :19001): the metrics alone, at PROMETHEUS_PATH; Go's ":port"
             # (host "") is every address, which aiohttp binds for no host
@@ -207,16 +212,18 @@ class Server:
             self._metrics_at = f", metrics on {host}:{metrics_port}{settings.prometheus_path}"
 
     async def _listen(self, health: Health, routes: tuple[str, ...], host: str | None, port: int,
-                      **options: str) -> int:
+                      more: list[web.RouteDef] | None = None, **options: str) -> int:
         holder = self._app.holder
-        runner, bound = await start_app(make_app(self._app.service, lambda: holder.current, health, routes, **options),
-                                        host, port, reuse_port=self.reuse_port)
+        app = make_app(self._app.service, lambda: holder.current, health, routes, **options)
+        app.add_routes(more or [])
+        runner, bound = await start_app(app, host, port, reuse_port=self.reuse_port)
         self._runners.append(runner)
         return bound
 
     def _start_watching(self, health: Health, source_task: asyncio.Task[None]) -> None:
         """Ping the storage for the health state; the source, already following its config, takes SIGHUP."""
-        self._tasks += [asyncio.create_task(health.watch_storage(self._app.backend, self.stop)), source_task]
+        self._tasks += [asyncio.create_task(health.watch_storage(self._app.backend, self.stop)), source_task,
+                        asyncio.create_task(self._limited.run(self.stop))]
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._source.reload_now)
 
     def _announce(self) -> None:
