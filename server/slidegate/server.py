@@ -196,11 +196,12 @@ class Server:
     async def _start_http(self, health: Health) -> None:
         """Listen on the HTTP port, the debug port and, with PROMETHEUS_ADDR, the metrics port."""
         settings = self.settings
-        routes = (("json",) if settings.json_endpoint_enabled else ()) + ("healthcheck", "rlconfig") + (
+        # /explain beside /json (it counts nothing, but tells any caller's usage, so it is switched with /json)
+        routes = (("json", "explain") if settings.json_endpoint_enabled else ()) + ("healthcheck", "rlconfig") + (
             ("metrics",) if settings.serves_prometheus else ())
         self.http_port = await self._listen(health, routes, settings.http_host, settings.http_port)
         # /stats: the counters by their envoyproxy/ratelimit names, as its debug port prints them
-        debug_routes = ("rlconfig", "metrics", "stats") if settings.serves_prometheus else ("rlconfig", "stats")
+        debug_routes = ("rlconfig", "explain") + (("metrics", "stats") if settings.serves_prometheus else ("stats",))
         self.debug_port = await self._listen(health, debug_routes, settings.debug_host, settings.debug_port,
                                              limited_routes(self._limited))
         if settings.prometheus_listener is not None:
