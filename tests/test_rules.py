@@ -114,7 +114,12 @@ async def test_quota_mode_and_dynamic_metadata(limits: Limits) -> None:
                for _ in range(2)]
     # its only quota descriptor over: every quota descriptor of the request is, so it is rejected
     assert [(r.overall_code, r.statuses[0].code) for r in replies] == [(OK, OK), (OVER_LIMIT, OVER_LIMIT)]
-    assert json_format.MessageToDict(replies[1].dynamic_metadata) == {
+    metadata = json_format.MessageToDict(replies[1].dynamic_metadata)
+    # slidegate's own, beside the reference's: each descriptor's answer and rule, and the rules that said no
+    assert metadata.pop("statuses") == [{"code": "OVER_LIMIT", "rule": "quota", "limit": 1.0, "remaining": 0.0},
+                                        {"code": "OK"}]
+    assert metadata.pop("rejectedBy") == "quota"
+    assert metadata == {  # the reference's fields, as it writes them
         "domain": "f",
         "descriptors": [{"entries": ["quota=q"], "metadata": {"plan": "free"}}, {"entries": ["nothing=x"]}],
         "quotaModeEnabled": True,
@@ -122,8 +127,11 @@ async def test_quota_mode_and_dynamic_metadata(limits: Limits) -> None:
     }
     # as envoyproxy/ratelimit's (src/service/ratelimit_test.go, TestRatelimitToMetadata): no violations, no field
     assert "quotaModeViolations" not in json_format.MessageToDict(replies[0].dynamic_metadata)
+    assert "rejectedBy" not in json_format.MessageToDict(replies[0].dynamic_metadata)  # admitted
     addend = await service.should_rate_limit(request("f", descriptor(("user", "m")), hits_addend=2))
-    assert json_format.MessageToDict(addend.dynamic_metadata) == {
+    metadata = json_format.MessageToDict(addend.dynamic_metadata)
+    assert metadata.pop("statuses")[0]["rule"] == "per-user"  # its limit's name
+    assert metadata == {
         "domain": "f", "descriptors": [{"entries": ["user=m"]}], "hitsAddend": 2.0, "quotaModeEnabled": False}
     plain = await limits(CONFIG)
     reply = await plain.should_rate_limit(request("f", descriptor(("quota", "q"))))

@@ -78,7 +78,7 @@ def build(settings: Settings, *, clock: Callable[[], int] | None = None, heap: H
     ), clock=clock)
     service = RateLimitService(limiter, AnswerOptions(
         dynamic_metadata=settings.response_dynamic_metadata, headers=settings.response_headers,
-        header_names=settings.header_names,
+        header_names=settings.header_names, rule_header=settings.limit_rule_header,
     ), metrics, heap, RequestPolicy(negative_hits=settings.negative_hits_enabled,
                                     limit_overrides=settings.limit_override_enabled))
     quotas = QuotaService(limiter, make_quota_storage(settings), metrics.registry,

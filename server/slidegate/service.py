@@ -26,6 +26,7 @@ from slidegate.heap import Heap
 from slidegate.limiter import Descriptor, Limiter, Status
 from slidegate.metrics import Metrics
 from slidegate.request import InvalidRequest, Request, RequestPolicy, parse_request
+from slidegate.rule_names import rule_name
 from slidegate.text import printable
 
 OK = rls_pb2.RateLimitResponse.OK
@@ -40,11 +41,13 @@ class AnswerOptions:
     """``dynamic_metadata``: describe the request and the matched rules' ``metadata`` in the response's
     ``dynamic_metadata`` (RESPONSE_DYNAMIC_METADATA); ``headers``: which rate-limit response headers to add
     (LIMIT_RESPONSE_HEADERS_ENABLED / LIMIT_RESPONSE_HEADERS_IETF, see slidegate.headers) and
-    ``header_names``: their names (LIMIT_LIMIT_HEADER …)."""
+    ``header_names``: their names (LIMIT_LIMIT_HEADER …); ``rule_header``: the header naming to the client the
+    rules that rejected its request (LIMIT_RULE_HEADER; empty: none)."""
 
     dynamic_metadata: bool = False
     headers: ResponseHeaders = ResponseHeaders.NONE
     header_names: HeaderNames = field(default_factory=HeaderNames)
+    rule_header: str = ""
 
 
 def build_response(decision: Decision, options: AnswerOptions = AnswerOptions()) -> rls_pb2.RateLimitResponse:
@@ -78,7 +81,25 @@ def build_response(decision: Decision, options: AnswerOptions = AnswerOptions())
         for key, value in envoy_headers(decision.shown(), ietf=options.headers is ResponseHeaders.IETF,
                                         names=options.header_names):
             response.response_headers_to_add.add(key=key, value=value)
+    if options.rule_header and decision.rejected:
+        response.response_headers_to_add.add(key=options.rule_header, value=", ".join(rejecting_rules(decision)))
     return response
+
+
+def rejecting_rules(decision: Decision) -> list[str]:
+    """The names of the rules that rejected ``decision`` (rule_names.rule_name; a request's own limit, an
+    override, by its keys): every one over its limit and not in shadow mode, quota-mode ones when no other
+    rejected (then all of them were over)."""
+    over = [(d, s) for d, s in zip(decision.prepared.descriptors, decision.statuses, strict=True)
+            if s.over and not s.shadow]
+    said_no = [(d, s) for d, s in over if not s.quota] or over
+    return list(dict.fromkeys(_rule_of(d, s) for d, s in said_no))
+
+
+def _rule_of(descriptor: Descriptor, status: Status) -> str:
+    if status.rule is not None:
+        return rule_name(status.rule)
+    return "override of " + ".".join(printable(key) for key, _ in descriptor.entries)
 
 
 def response_skeleton(statuses: Sequence[Status]) -> rls_pb2.RateLimitResponse:
@@ -124,7 +145,21 @@ def _metadata(decision: Decision) -> struct_pb2.Struct:
     violations = [i for i in quota if statuses[i].over]
     if violations:
         out["quotaModeViolations"] = violations
+    # beyond the reference's fields: each descriptor's answer and rule, and the rules behind a rejection (for an
+    # access log's %DYNAMIC_METADATA(envoy.filters.http.ratelimit:rejectedBy)%)
+    out["statuses"] = [_answered(d, s) for d, s in zip(decision.prepared.descriptors, statuses, strict=True)]
+    if decision.rejected:
+        out["rejectedBy"] = ", ".join(rejecting_rules(decision))
     return out
+
+
+def _answered(descriptor: Descriptor, status: Status) -> dict[str, Any]:
+    answered: dict[str, Any] = {"code": "OVER_LIMIT" if status.over and not status.shadow else "OK"}
+    if status.limit is not None or status.rule is not None:
+        answered["rule"] = _rule_of(descriptor, status)
+    if status.limit is not None and status.limit.unit is not None:
+        answered.update(limit=status.limit.requests_per_unit, remaining=status.remaining)
+    return answered
 
 
 def grpc_status(code: Refused) -> grpc.StatusCode:

@@ -191,6 +191,11 @@ def parse_header_name(text: str) -> str:
     return name
 
 
+def parse_optional_header_name(text: str) -> str:
+    """A header name, or empty for none."""
+    return parse_header_name(text) if text.strip() else ""
+
+
 class BackendType(enum.StrEnum):
     """BACKEND_TYPE: where the counts are kept."""
 

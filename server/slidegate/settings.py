@@ -40,6 +40,7 @@ from slidegate.setting_parsers import (
     parse_message_size,
     parse_names,
     parse_optional_bool,
+    parse_optional_header_name,
     parse_port,
     parse_positive_int,
     parse_ratio,
@@ -215,6 +216,9 @@ class Settings:
         parse_header_name, "name of the header telling the hits remaining")
     limit_reset_header: str = setting("LIMIT_RESET_HEADER", "RateLimit-Reset", parse_header_name,
         "name of the header telling the seconds until reset")
+    limit_rule_header: str = setting("LIMIT_RULE_HEADER", "", parse_optional_header_name,
+        "name of a header naming, on an over-limit answer, the rules that rejected it (their YAML name, else their "
+        "key path); empty: none. It tells clients your rules' names")
     use_prometheus: bool = setting("USE_PROMETHEUS", "true", parse_bool, "serve metrics on /metrics")
     prometheus_addr: tuple[str, int] | None = setting("PROMETHEUS_ADDR", "", parse_listen_address,
         "a listener of its own for the metrics, host:port (:port: every address), serving only PROMETHEUS_PATH; "
