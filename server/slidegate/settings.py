@@ -20,6 +20,7 @@ from slidegate.algorithms import Algorithm
 from slidegate.cache_sizes import DEFAULT_MAX_BYTES, ENTRY_BYTES
 from slidegate.failure_modes import FailureMode
 from slidegate.headers import HeaderNames, ResponseHeaders
+from slidegate.limited_settings import TopLimitedSettings
 from slidegate.redis_checks import check_redis, redis_leftovers
 from slidegate.redis_target import HashTag, RedisTarget
 from slidegate.setting_parsers import (
@@ -262,6 +263,8 @@ class Settings:
         "for it")
     xds: XdsClientSettings = section(XdsClientSettings, "")  # noqa: RUF009 - section() is a dataclasses.field
     tracing: TracingSettings = section(TracingSettings, "TRACING_")  # noqa: RUF009 - section() is a dataclasses.field
+    top_limited: TopLimitedSettings = section(  # noqa: RUF009 - section() is a dataclasses.field
+        TopLimitedSettings, "TOP_LIMITED_")
 
     @property
     def uses_xds(self) -> bool:

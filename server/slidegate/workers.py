@@ -157,7 +157,8 @@ def _supervise(settings: Settings) -> int:
 
     signal.signal(signal.SIGTERM, forward)  # from the start: a SIGTERM before the workers run still cleans up
     metrics_dir = _metrics_directory()
-    each = dataclasses.replace(settings, workers=1,
+    # one hash key for all (TOP_LIMITED_VALUES=hashed), so that the merged top limited callers show a caller once
+    each = dataclasses.replace(settings, workers=1, top_limited=settings.top_limited.keyed(),
                                local_limit_replicas=settings.local_limit_replicas * settings.workers)
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no event loop or gRPC state copied
     try:
