@@ -19,6 +19,7 @@ from slidegate.failure_modes import FailureMode
 from slidegate.heap import Heap
 from slidegate.limiter import Limiter, LimiterOptions
 from slidegate.metrics import Metrics
+from slidegate.overlimit_log import OverLimitLog
 from slidegate.quotas.fallback import Fallback
 from slidegate.quotas.ledger import SLACK_MS
 from slidegate.quotas.service import QuotaService
@@ -81,6 +82,8 @@ def build(settings: Settings, *, clock: Callable[[], int] | None = None, heap: H
         header_names=settings.header_names, rule_header=settings.limit_rule_header,
     ), metrics, heap, RequestPolicy(negative_hits=settings.negative_hits_enabled,
                                     limit_overrides=settings.limit_override_enabled))
+    if settings.over_limit_log_interval > 0:
+        service.decider.watch(OverLimitLog(settings.over_limit_log_interval))
     quotas = QuotaService(limiter, make_quota_storage(settings), metrics.registry,
                           max_buckets=settings.rlqs_max_buckets_per_stream,
                           fallback=Fallback(settings.failure_mode, settings.local_limit_replicas))

@@ -28,6 +28,7 @@ from slidegate.metric_keys import override_key, rule_key, same_for_every_request
 from slidegate.metrics import Count, LimitCounters, Metrics
 from slidegate.outage import OutageLog
 from slidegate.request import InvalidRequest, Refusable, RefusedField, RequestPolicy, check_entries, check_outline
+from slidegate.rule_names import rule_name
 from slidegate.text import printable
 
 # the logger decisions were always logged under, which operators filter by
@@ -124,6 +125,17 @@ class Decision(NamedTuple):
         """For each descriptor, whether its own code is OVER_LIMIT: over, unless its rule is in shadow mode."""
         return [s.over and not s.shadow for s in self.statuses]
 
+    def rejecting_rules(self) -> list[str]:
+        """The names of the rules that rejected this request (rule_of), none when it was admitted: every one over
+        its limit and not in shadow mode, its quota-mode ones only when no other rejected it (then all of them
+        were over)."""
+        if not self.rejected:
+            return []
+        over = [(d, s) for d, s in zip(self.prepared.descriptors, self.statuses, strict=True)
+                if s.over and not s.shadow]
+        said_no = [(d, s) for d, s in over if not s.quota] or over
+        return list(dict.fromkeys(rule_of(d, s) for d, s in said_no))
+
     def shown(self) -> list[Shown]:
         """What the rate-limit response headers tell: each descriptor with a limit of a unit."""
         rejected = self.rejected
@@ -141,6 +153,14 @@ def rejects(statuses: Sequence[Status]) -> bool:
         if status.over:
             return not admits(statuses, [s.over for s in statuses])
     return False
+
+
+def rule_of(descriptor: Descriptor, status: Status) -> str:
+    """The name of the rule ``status`` was decided by (rule_names.rule_name); a request's own limit (an override)
+    by its descriptor's keys, its values left out (they are the caller's)."""
+    if status.rule is not None:
+        return rule_name(status.rule)
+    return "override of " + ".".join(printable(key) for key, _ in descriptor.entries)
 
 
 def check_shape(domain: str, descriptors: Sequence[Descriptor]) -> None:

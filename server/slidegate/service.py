@@ -20,13 +20,12 @@ from google.protobuf.message import DecodeError
 
 from slidegate._proto.envoy.service.ratelimit.v3 import rls_pb2
 from slidegate.backends.base import BackendUnavailable
-from slidegate.decider import UNDECIDED, Decider, Decision, LimitRequest, Prepared, Refused, refusal
+from slidegate.decider import UNDECIDED, Decider, Decision, LimitRequest, Prepared, Refused, refusal, rule_of
 from slidegate.headers import HeaderNames, ResponseHeaders, envoy_headers
 from slidegate.heap import Heap
 from slidegate.limiter import Descriptor, Limiter, Status
 from slidegate.metrics import Metrics
 from slidegate.request import InvalidRequest, Request, RequestPolicy, parse_request
-from slidegate.rule_names import rule_name
 from slidegate.text import printable
 
 OK = rls_pb2.RateLimitResponse.OK
@@ -82,24 +81,8 @@ def build_response(decision: Decision, options: AnswerOptions = AnswerOptions())
                                         names=options.header_names):
             response.response_headers_to_add.add(key=key, value=value)
     if options.rule_header and decision.rejected:
-        response.response_headers_to_add.add(key=options.rule_header, value=", ".join(rejecting_rules(decision)))
+        response.response_headers_to_add.add(key=options.rule_header, value=", ".join(decision.rejecting_rules()))
     return response
-
-
-def rejecting_rules(decision: Decision) -> list[str]:
-    """The names of the rules that rejected ``decision`` (rule_names.rule_name; a request's own limit, an
-    override, by its keys): every one over its limit and not in shadow mode, quota-mode ones when no other
-    rejected (then all of them were over)."""
-    over = [(d, s) for d, s in zip(decision.prepared.descriptors, decision.statuses, strict=True)
-            if s.over and not s.shadow]
-    said_no = [(d, s) for d, s in over if not s.quota] or over
-    return list(dict.fromkeys(_rule_of(d, s) for d, s in said_no))
-
-
-def _rule_of(descriptor: Descriptor, status: Status) -> str:
-    if status.rule is not None:
-        return rule_name(status.rule)
-    return "override of " + ".".join(printable(key) for key, _ in descriptor.entries)
 
 
 def response_skeleton(statuses: Sequence[Status]) -> rls_pb2.RateLimitResponse:
@@ -149,14 +132,14 @@ def _metadata(decision: Decision) -> struct_pb2.Struct:
     # access log's %DYNAMIC_METADATA(envoy.filters.http.ratelimit:rejectedBy)%)
     out["statuses"] = [_answered(d, s) for d, s in zip(decision.prepared.descriptors, statuses, strict=True)]
     if decision.rejected:
-        out["rejectedBy"] = ", ".join(rejecting_rules(decision))
+        out["rejectedBy"] = ", ".join(decision.rejecting_rules())
     return out
 
 
 def _answered(descriptor: Descriptor, status: Status) -> dict[str, Any]:
     answered: dict[str, Any] = {"code": "OVER_LIMIT" if status.over and not status.shadow else "OK"}
     if status.limit is not None or status.rule is not None:
-        answered["rule"] = _rule_of(descriptor, status)
+        answered["rule"] = rule_of(descriptor, status)
     if status.limit is not None and status.limit.unit is not None:
         answered.update(limit=status.limit.requests_per_unit, remaining=status.remaining)
     return answered

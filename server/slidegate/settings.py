@@ -33,6 +33,7 @@ from slidegate.setting_parsers import (
     parse_config_type,
     parse_connection_age,
     parse_drain,
+    parse_duration,
     parse_flush_interval,
     parse_header_name,
     parse_jitter,
@@ -178,6 +179,9 @@ class Settings:
         "per decision")
     log_format: LogFormat = setting(  # noqa: RUF009 - setting() is a dataclasses.field
         "LOG_FORMAT", "text", enum_choice(LogFormat), "text or JSON lines")
+    over_limit_log_interval: float = setting("OVER_LIMIT_LOG_INTERVAL", "10s", parse_duration,
+        "at most one info line per rule this often, naming the rule, a descriptor it rejected and how many it "
+        "rejected since its last line (a request's values are shown); 0: none")
     cache_key_prefix: str = setting("CACHE_KEY_PREFIX", "", str, "prefix of every Redis key")
     default_algorithm: Algorithm = setting(  # noqa: RUF009 - setting() is a dataclasses.field
         "DEFAULT_ALGORITHM", Algorithm.SLIDING_WINDOW_LOG.value, enum_choice(Algorithm),
