@@ -5,7 +5,8 @@ every difference in their answers printed.
     python bench/compare.py --reference /path/to/ratelimit          # the reference's ./src/service_cmd, built by hand
     # or two servers already running on the config this writes (fresh counters, the same settings):
     python bench/compare.py --write-config DIR
-    python bench/compare.py --a 127.0.0.1:8081 --a-http 127.0.0.1:8080 --b 127.0.0.1:9081 --b-http 127.0.0.1:9080
+    python bench/compare.py --a 127.0.0.1:8081 --a-http 127.0.0.1:8080 --b 127.0.0.1:9081 --b-http 127.0.0.1:9080 \
+        --config-dir DIR/ratelimit/config    # where the sequences that reload the config write
 
 A is slidegate (DEFAULT_ALGORITHM=fixed_window when started here), B the reference. Each sequence is a config of
 its own domain and requests sent in order, each to A and then to B; the answers are compared field by field:
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -43,6 +45,7 @@ from slidegate.protos import rls_pb2_grpc
 
 STAT_PREFIXES = ("ratelimit",)  # every counter of both
 RULE_STATS = "ratelimit.service.rate_limit."  # then <domain>.<key>…
+RELOAD_SECONDS = 2.0  # slidegate's CONFIG_SETTLE_TIME (0.5 s) and its watcher's poll, with room
 RECORD_GENERATED = 8  # generated sequences recorded per profile, at most: the hand-written ones show each difference
 UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 
@@ -130,29 +133,63 @@ def _wait_for_room(window: int, needed: float) -> None:
         time.sleep(left + 0.02)
 
 
-def run_scenario(scenario: Scenario, a: Client, b: Client, profile: str, tolerance: float, tally: Tally) -> None:
+@dataclass
+class Run:
+    """One profile's run: its name, the clock tolerance, where the sequences' config files are (None: not known,
+    so sequences that reload are skipped), and what was found."""
+
+    profile: str
+    tolerance: float
+    config: Path | None
+    tally: Tally
+
+
+def _reload(request: Request, scenario: Scenario, run: Run) -> dict[str, Any]:
+    """A step rewriting the sequence's config file, then waiting for both servers to load it (slidegate waits
+    for CONFIG_SETTLE_TIME of quiet, the reference for its file watcher)."""
+    assert run.config is not None
+    (run.config / f"{scenario.name}.yaml").write_text(request.config)
+    time.sleep(RELOAD_SECONDS)
+    return {"reloaded": True}
+
+
+def run_scenario(scenario: Scenario, a: Client, b: Client, run: Run) -> None:
+    reloads = sum(r.via == "reload" for r in scenario.requests)
+    if reloads and run.config is None:
+        run.tally.edge_skipped.append(f"[{run.profile}] {scenario.name} (reloads, and no config directory given)")
+        return
     window = _smallest_window(scenario)
-    _wait_for_room(window, 0.1 + 0.02 * len(scenario.requests))
+    _wait_for_room(window, 0.1 + 0.02 * len(scenario.requests) + RELOAD_SECONDS * reloads)
     start = int(time.time() // window)
     steps = []
     for step, request in enumerate(scenario.requests):
-        answers = a.ask(request), b.ask(request)
+        if request.via == "reload":
+            answers = (_reload(request, scenario, run),) * 2
+        else:
+            answers = a.ask(request), b.ask(request)
         steps.append((step, request, answers))
     if int(time.time() // window) != start:  # a window ended during the sequence: the counts are not comparable
-        tally.edge_skipped.append(f"[{profile}] {scenario.name}")
+        run.tally.edge_skipped.append(f"[{run.profile}] {scenario.name}")
         return
+    _compare_steps(scenario, steps, run)
+
+
+def _compare_steps(scenario: Scenario, steps: list[tuple[int, Request, tuple[dict[str, Any], dict[str, Any]]]],
+                   run: Run) -> None:
+    tally = run.tally
     tally.sequences += 1
     shown = False
     for step, request, (answer_a, answer_b) in steps:
-        tally.count(answer_b)
-        for path, value_a, value_b in differences(answer_a, answer_b, tolerance):
-            reason = deliberate_reason(Seen(profile, scenario, request, path, value_a, value_b))
-            tally.found.append(Difference(profile, scenario.name, step, path, value_a, value_b, reason))
+        if request.via != "reload":
+            tally.count(answer_b)
+        for path, value_a, value_b in differences(answer_a, answer_b, run.tolerance):
+            reason = deliberate_reason(Seen(run.profile, scenario, request, path, value_a, value_b))
+            tally.found.append(Difference(run.profile, scenario.name, step, path, value_a, value_b, reason))
             shown = shown or bool(reason)
-    generated_ones = sum(1 for key in tally.recorded if key.startswith(f"{profile}/gen"))
+    generated_ones = sum(1 for key in tally.recorded if key.startswith(f"{run.profile}/gen"))
     if shown and (scenario.note != "generated" or generated_ones < RECORD_GENERATED):
-        tally.recorded[f"{profile}/{scenario.name}"] = {
-            "profile": profile, "config": scenario.config, "note": scenario.note,
+        tally.recorded[f"{run.profile}/{scenario.name}"] = {
+            "profile": run.profile, "config": scenario.config, "note": scenario.note,
             "steps": [{"request": r.to_data(), "answer": recordable(ans[0])} for _, r, ans in steps]}
 
 
@@ -190,18 +227,17 @@ def compare_stats(before: tuple[dict[str, int], dict[str, int]], after: tuple[di
                                           y, reason))
 
 
-def run_profile(a: Server, b: Server, profile: str, scenarios: list[Scenario], tolerance: float,
-                tally: Tally) -> None:
+def run_profile(a: Server, b: Server, scenarios: list[Scenario], run: Run) -> None:
     client_a, client_b = Client(a), Client(b)
     try:
-        compare_http(a, b, profile, tally)
+        compare_http(a, b, run.profile, run.tally)
         for scenario in [s for s in scenarios if not s.deliberate]:
-            run_scenario(scenario, client_a, client_b, profile, tolerance, tally)
+            run_scenario(scenario, client_a, client_b, run)
         before = _flushed(a), _flushed(b)
         for scenario in [s for s in scenarios if s.deliberate]:
-            run_scenario(scenario, client_a, client_b, profile, tolerance, tally)
+            run_scenario(scenario, client_a, client_b, run)
         if a.stats and b.stats:
-            compare_stats(before, (_flushed(a), _flushed(b)), profile, scenarios, tally)
+            compare_stats(before, (_flushed(a), _flushed(b)), run.profile, scenarios, run.tally)
     finally:
         client_a.close()
         client_b.close()
@@ -240,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--b", help="the reference's gRPC address")
     parser.add_argument("--b-http", default="")
     parser.add_argument("--write-config", type=Path, help="write the config of every sequence to DIR and exit")
+    parser.add_argument("--config-dir", type=Path,
+                        help="with --a and --b: the directory both load, which --write-config printed (sequences "
+                             "that reload write there)")
     parser.add_argument("--profile", action="append", choices=sorted(PROFILES),
                         help="with --reference: the settings to run with (repeatable; default: every profile)")
     parser.add_argument("--generated", type=int, default=100, help="generated sequences (20 requests each)")
@@ -257,10 +296,11 @@ def main(argv: list[str] | None = None) -> int:
             root = scratch()
             write_config(root, scenarios)
             with started(args.reference, root, PROFILES[profile], root) as (a, b):
-                run_profile(a, b, profile, scenarios, args.tolerance, tally)
+                run_profile(a, b, scenarios, Run(profile, args.tolerance, config_dir(root), tally))
+            shutil.rmtree(root)  # its servers' logs too: kept (and named) only when one does not start
     elif args.a and args.b:
-        run_profile(Server("slidegate", args.a, args.a_http), Server("reference", args.b, args.b_http), "given",
-                    scenarios, args.tolerance, tally)
+        run_profile(Server("slidegate", args.a, args.a_http), Server("reference", args.b, args.b_http), scenarios,
+                    Run("given", args.tolerance, args.config_dir, tally))
     else:
         parser.error("give --reference, or --a and --b, or --write-config")
     if args.record:

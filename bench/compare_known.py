@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.compare_model import Request, Scenario
+from bench.compare_servers import PROFILES
 
 MIGRATING = Path(__file__).resolve().parent.parent / "docs" / "migrating.md"
 
@@ -49,6 +50,13 @@ def _overridden(seen: Seen) -> bool:
     return seen.in_answer and seen.request is not None and not any(d.limit for d in seen.request.descriptors)
 
 
+def _cached_across_reload(seen: Seen) -> bool:
+    """With a local cache, after a reload raised a limit: the reference's cache still rejects its key."""
+    cache = PROFILES.get(seen.profile, {}).get("LOCAL_CACHE_SIZE_IN_BYTES", "0") != "0"
+    return (cache and seen.scenario is not None and not seen.path.startswith("dynamic_metadata")
+            and any(r.via == "reload" for r in seen.scenario.requests))
+
+
 KNOWN = (
     Known("injective keys", "**Injective keys.**",
           lambda seen: seen.in_answer and seen.scenario is not None and seen.scenario.deliberate == "injective keys"),
@@ -62,8 +70,13 @@ KNOWN = (
           lambda seen: seen.path.endswith(".shadow_mode") and (seen.a or 0) >= (seen.b or 0)),
     Known("no local cache for a fixed window", "so `over_limit_with_local_cache` stays 0",
           lambda seen: seen.path.endswith(".over_limit_with_local_cache") and seen.a is None),
-    Known("no Go runtime stats", "The `go.*` runtime stats and the `redis_pool.*` ones are not sent",
-          lambda seen: seen.path.startswith(("stats.ratelimit.go.", "stats.ratelimit.redis_pool.")) and seen.a is None),
+    Known("no Go runtime stats", "The `go.*` runtime stats and the `redis_pool.*` and",
+          lambda seen: seen.a is None and seen.path.startswith(
+              ("stats.ratelimit.go.", "stats.ratelimit.redis_pool.", "stats.ratelimit.redis_per_second_pool."))),
+    Known("one load per settled change", "per settled change, where the reference loads again",
+          lambda seen: seen.path.startswith("stats.ratelimit.service.config_load_") and (seen.a or 0) <= (seen.b or 0)),
+    Known("a raised limit is not cached over", "keeps rejecting a key for the rest of its unit after a reload",
+          _cached_across_reload),
     Known("INVALID_ARGUMENT", "**A request that cannot be decided is `INVALID_ARGUMENT`**",
           lambda seen: seen.path == "grpc_error" and (seen.a, seen.b) == ("INVALID_ARGUMENT", "UNKNOWN")),
     Known("/json prints zeros", "**`/json` prints every field**",

@@ -29,7 +29,8 @@ class Request:
     domain: str
     descriptors: tuple[Descriptor, ...]
     hits_addend: int = 0
-    via: str = "grpc"  # or "json": POST /json on the HTTP port
+    via: str = "grpc"  # or "json": POST /json on the HTTP port; or "reload": the sequence's file becomes ``config``
+    config: str = ""
 
     def message(self) -> rls_pb2.RateLimitRequest:
         request = rls_pb2.RateLimitRequest(domain=self.domain, hits_addend=self.hits_addend)
@@ -45,7 +46,7 @@ class Request:
         return request
 
     def to_data(self) -> dict[str, Any]:
-        return {"domain": self.domain, "hits_addend": self.hits_addend, "via": self.via,
+        return {"domain": self.domain, "hits_addend": self.hits_addend, "via": self.via, "config": self.config,
                 "descriptors": [{"entries": [list(e) for e in d.entries], "hits_addend": d.hits_addend,
                                  "limit": list(d.limit) if d.limit else None} for d in self.descriptors]}
 
@@ -54,7 +55,7 @@ class Request:
         descriptors = tuple(Descriptor(tuple((k, v) for k, v in d["entries"]), d["hits_addend"],
                                        (d["limit"][0], d["limit"][1]) if d.get("limit") else None)
                             for d in data["descriptors"])
-        return Request(data["domain"], descriptors, data["hits_addend"], data["via"])
+        return Request(data["domain"], descriptors, data["hits_addend"], data["via"], data.get("config", ""))
 
 
 @dataclass

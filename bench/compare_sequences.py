@@ -235,5 +235,31 @@ def values() -> list[Scenario]:
     return out
 
 
+def _reload(name: str, descriptors: str) -> Request:
+    return Request(name, (), via="reload", config=f"domain: {name}\ndescriptors:{descriptors}\n")
+
+
+def reloads() -> list[Scenario]:
+    """The config changed between requests: a limit raised, a limit removed, a file that does not load."""
+    out = []
+    name = "reload_raise"
+    out.append(_seq(name, _limit("k", 2), [ask(name, ("k", "v"))] * 3 + [_reload(name, _limit("k", 4))]
+                    + [ask(name, ("k", "v"))] * 3, "a limit raised from 2 to 4 after 3 hits"))
+    name = "reload_unit"
+    out.append(_seq(name, _limit("k", 2), [ask(name, ("k", "v"))] * 2 + [_reload(name, _limit("k", 2, "hour"))]
+                    + [ask(name, ("k", "v"))] * 2, "the same limit moved from a minute to an hour"))
+    name = "reload_remove"
+    out.append(_seq(name, _limit("k", 1) + _limit("j", 1), [_many(name, (("k", "v"),), (("j", "v"),))] * 2
+                    + [_reload(name, _limit("j", 1))] + [_many(name, (("k", "v"),), (("j", "v"),))] * 2,
+                    "a limit removed"))
+    name = "reload_broken"
+    out.append(_seq(name, _limit("k", 2), [ask(name, ("k", "v"))] * 2
+                    + [Request(name, (), via="reload", config=f"domain: {name}\ndescriptors: [{{key: k, rate_limit: "
+                               "{unit: fortnight, requests_per_unit: 1}}]\n")]
+                    + [ask(name, ("k", "v"))] * 2 + [_reload(name, _limit("k", 5))] + [ask(name, ("k", "v"))] * 2,
+                    "a file that does not load (the old config stays), then a good one"))
+    return out
+
+
 def hand_written() -> list[Scenario]:
-    return [*basics(), *matching(), *modes(), *protocol(), *values()]
+    return [*basics(), *matching(), *modes(), *protocol(), *values(), *reloads()]

@@ -24,8 +24,10 @@ from slidegate import stack
 
 STATS_FLUSH_SECONDS = 1
 # the settings both servers get in every run; a profile adds the ones that change answers
-COMMON = {"LOG_LEVEL": "warn", "USE_STATSD": "false", "USE_PROMETHEUS": "false", "EXPIRATION_JITTER_MAX_SECONDS": "0",
-          "LOCAL_CACHE_SIZE_IN_BYTES": "0", "REDIS_SOCKET_TYPE": "tcp", "RUNTIME_WATCH_ROOT": "false"}
+# (REDIS_TIMEOUT: slidegate's 250 ms default bounds a whole decision, which a loaded machine can miss now and then)
+COMMON = {"LOG_LEVEL": "warn", "REDIS_TIMEOUT": "5s", "USE_STATSD": "false", "USE_PROMETHEUS": "false",
+          "EXPIRATION_JITTER_MAX_SECONDS": "0", "LOCAL_CACHE_SIZE_IN_BYTES": "0", "REDIS_SOCKET_TYPE": "tcp",
+          "RUNTIME_WATCH_ROOT": "false"}
 PROFILES: dict[str, dict[str, str]] = {
     # the answers with everything they can carry: headers and dynamic metadata
     "full": {"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "RESPONSE_DYNAMIC_METADATA": "true"},
@@ -39,6 +41,9 @@ PROFILES: dict[str, dict[str, str]] = {
     "shadow": {"SHADOW_MODE": "true", "LIMIT_RESPONSE_HEADERS_ENABLED": "true"},
     # every limit in quota mode
     "quota": {"QUOTA_MODE": "true", "LIMIT_RESPONSE_HEADERS_ENABLED": "true"},
+    # the per-second limits in a Redis of their own
+    "persecond": {"REDIS_PERSECOND": "true", "REDIS_PERSECOND_SOCKET_TYPE": "tcp",
+                  "LIMIT_RESPONSE_HEADERS_ENABLED": "true"},
     # a request over a limit counts no more on it
     "stop_increment": {"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "true", "LIMIT_RESPONSE_HEADERS_ENABLED": "true"},
 }
@@ -81,8 +86,11 @@ def started(reference_binary: str, root: Path, profile: Mapping[str, str],
     its stats to a listener of its own; stopped after."""
     with private_redis() as (url, _), ExitStack() as stack_:
         env = {**os.environ, **COMMON, **profile}
-        servers = (launch_slidegate(root, url, env, logs, stack_), launch_reference(reference_binary, root, url, env,
-                                                                                    logs, stack_))
+        persecond: dict[str, str] = {}
+        if profile.get("REDIS_PERSECOND") == "true":  # a second Redis for the per-second limits
+            persecond["REDIS_PERSECOND_URL"] = stack_.enter_context(private_redis())[0]
+        servers = (launch_slidegate(root, url, {**env, **persecond}, logs, stack_),
+                   launch_reference(reference_binary, root, url, {**env, **_host_port(persecond)}, logs, stack_))
         for server in servers:
             wait_healthy(server, logs)
         yield servers
@@ -102,9 +110,14 @@ def launch_reference(binary: str, root: Path, redis_url: str, env: Mapping[str, 
                      stack_: ExitStack) -> Server:
     """envoyproxy/ratelimit's ``binary`` on the config under ``root`` (its RUNTIME_ROOT), under a key prefix of
     its own."""
-    own = {**env, "REDIS_URL": redis_url.removeprefix("redis://").split("/")[0], "RUNTIME_ROOT": str(root),
+    own = {**env, **_host_port({"REDIS_URL": redis_url}), "RUNTIME_ROOT": str(root),
            "RUNTIME_SUBDIRECTORY": "ratelimit", "CACHE_KEY_PREFIX": f"rl{uuid.uuid4().hex[:8]}:"}
     return launch("reference", [binary], own, logs, stack_)
+
+
+def _host_port(urls: Mapping[str, str]) -> dict[str, str]:
+    """Redis URLs (redis://host:port/0) as the reference takes them with REDIS_SOCKET_TYPE=tcp: host:port."""
+    return {name: url.removeprefix("redis://").split("/")[0] for name, url in urls.items()}
 
 
 def launch(name: str, command: list[str], env: Mapping[str, str], logs: Path, stack_: ExitStack) -> Server:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -87,7 +88,9 @@ def run(reference: str, requests: int, repeat: int) -> tuple[list[str], dict[tup
         for server in servers:
             wait_healthy(server, root)
         servers.append(_noop(stack_))
-        return [s.name for s in servers], rounds(servers, requests, repeat, root, redis_pid(url))
+        results = rounds(servers, requests, repeat, root, redis_pid(url))
+    shutil.rmtree(root)
+    return [s.name for s in servers], results
 
 
 def rounds(servers: list[Server], requests: int, repeat: int, directory: Path,
