@@ -12,6 +12,7 @@ rejected by Redis, and every one after it answered from the over-limit cache (ch
 
     apt-get install valgrind redis-server
     python -m bench.instructions [--calls 2000] [--warm 1000] [--flat | --over] [--against DIR]   # from the root
+    python -m bench.instructions --top-limited   # also with the top limited callers' watcher, as serve runs it
 
 Each version (this checkout's, and DIR's with ``--against``) is counted twice and the lower count kept: a run
 counts up to a few percent more now and then (what falls inside it of the garbage collector's and the event loop's
@@ -59,18 +60,26 @@ class _Context:
         return None
 
 
-async def calls(redis_url: str, count: int, prefix: str, *, flat: bool = False, over: bool = False) -> None:
+async def calls(redis_url: str, count: int, prefix: str, *, flat: bool = False, over: bool = False,
+                top: bool = False) -> None:
     """``count`` decisions of one remembered request (keys under ``prefix``), one at a time, after five to remember
     it, each checked (answered OK and counted in Redis; with ``over``, of a limit of one an hour: answered
     OVER_LIMIT after the first, which alone is counted, and from the over-limit cache after the second), by
     slidegate's service or, with ``flat``, by bench.layers' flat path (an experiment: the layers above the Redis
-    backend in one coroutine)."""
+    backend in one coroutine); ``top``: the decisions told to the top limited callers' watcher, as `slidegate serve`
+    tells them (slidegate.limited_view.watching)."""
     with tempfile.TemporaryDirectory(prefix="slidegate-instructions-") as work:
         (Path(work) / "bench.yaml").write_text(CONFIG)
         # REDIS_TIMEOUT: under valgrind a call takes some fifty times as long, and 250 ms made the first one
         # (connecting, loading the script) fail now and then; its value is not in the path counted
-        app = build(Settings.load({"CONFIG_DIR": work, "RUNTIME_WATCH_ROOT": "false", "REDIS_URL": redis_url,
-                                   "CACHE_KEY_PREFIX": prefix, "REDIS_TIMEOUT": "10s"}))
+        settings = Settings.load({"CONFIG_DIR": work, "RUNTIME_WATCH_ROOT": "false", "REDIS_URL": redis_url,
+                                  "CACHE_KEY_PREFIX": prefix, "REDIS_TIMEOUT": "10s"})
+        app = build(settings)
+    if top:
+        # imported only here, as bench.layers below
+        from slidegate.limited_view import watching
+
+        watching(settings, app.service.decider)
     await app.backend.ping()
     entry = ("over" if over else "sliding_window_log", "k1")
     data = rls_pb2.RateLimitRequest(domain="bench", descriptors=[ratelimit_pb2.RateLimitDescriptor(
@@ -144,11 +153,15 @@ def main() -> None:
     parser.add_argument("--over", action="store_true",
                         help="count a request over its limit instead, answered from the over-limit cache (an attack's "
                              "path)")
+    parser.add_argument("--top-limited", action="store_true",
+                        help="also count this checkout's calls told to the top limited callers' watcher, as `slidegate "
+                             "serve` tells them")
     parser.add_argument("--child", nargs=4, metavar=("REDIS_URL", "COUNT", "PREFIX", "PATH"), help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.child:
         url, count, prefix, path = options.child
-        uvloop.run(calls(url, int(count), prefix, flat=path == "flat", over=path == "over"))
+        path, _, top = path.partition("+")
+        uvloop.run(calls(url, int(count), prefix, flat=path == "flat", over=path == "over", top=top == "top"))
         return
     if options.flat and options.over:
         parser.error("--flat counts a request within its limit: not with --over")
@@ -156,6 +169,8 @@ def main() -> None:
     rows = [("this checkout", HERE.parent, path)]
     if options.flat:
         rows.append(("this checkout, bench.layers' flat path", HERE.parent, "flat"))
+    if options.top_limited:
+        rows.append(("this checkout, with the top limited callers", HERE.parent, f"{path}+top"))
     if options.against:
         rows.append((options.against, Path(options.against).resolve(), path))
     with private_redis() as (url, _):

@@ -62,7 +62,7 @@ def measure(decision: Decision, callers: int, capacity: int, unbounded: bool) ->
         if unbounded:
             counted[entries] += 1
         else:
-            top(decision._replace(prepared=prepared._replace(descriptors=[Descriptor(entries)])))
+            top.watch(decision._replace(prepared=prepared._replace(descriptors=[Descriptor(entries)])))
         if n in marks:
             rows.append((n, tracemalloc.get_traced_memory()[0] - base, time.perf_counter() - started))
     tracemalloc.stop()

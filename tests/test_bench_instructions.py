@@ -20,6 +20,13 @@ async def test_the_counted_calls_are_decided_and_their_key_removed(redis_url: st
     assert list(redis.Redis.from_url(redis_url).scan_iter(f"{key_prefix}*")) == []
 
 
+@pytest.mark.parametrize("over", [False, True], ids=["service", "over its limit"])
+async def test_the_calls_told_to_the_top_limited_callers_are_decided_too(redis_url: str, key_prefix: str,
+                                                                         over: bool) -> None:
+    await instructions.calls(redis_url, 3, key_prefix, over=over, top=True)
+    assert list(redis.Redis.from_url(redis_url).scan_iter(f"{key_prefix}*")) == []
+
+
 async def test_a_wrong_count_stops_the_run(redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # a rule the calls' descriptor does not match: each call is answered OK, and none is counted
     monkeypatch.setattr(instructions, "CONFIG", instructions.CONFIG.replace("sliding_window_log", "fixed_window"))

@@ -29,7 +29,7 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 10}
   - key: generic_key
     value: api.login
-    rate_limit: {unit: hour, requests_per_unit: 100, name: login}
+    rate_limit: {unit: hour, requests_per_unit: 40, name: login}
   - key: free
     rate_limit: {unlimited: true}
 """
@@ -60,7 +60,7 @@ def _descriptor(key: str, value: str) -> Descriptor:
 def watched(app: Application, values: ShownValues = ShownValues.PLAIN, clock: Clock | None = None,
             hash_key: bytes = b"") -> TopLimited:
     top = TopLimited(values, capacity=8, hash_key=hash_key, clock=clock or Clock())
-    app.service.decider.watch(top)
+    app.service.decider.watch(top.watch)
     return top
 
 
@@ -92,7 +92,7 @@ async def test_windows_keep_the_last_one_five_and_fifteen_minutes(write_config: 
     clock = Clock()
     top = watched(app, clock=clock)
     view = LimitedView(top)
-    await send(app, "generic_key", "api.login", 103)  # 3 over
+    await send(app, "generic_key", "api.login", 43)  # 3 over
     clock.now += 4 * 60
     await view.view()  # the clock followed
     await send(app, "generic_key", "api.login", 2)

@@ -22,16 +22,8 @@ import pytest
 from slidegate.protos import rls_pb2_grpc
 from tests.helpers import OK, descriptor, request
 from tests.served import Served, wait_for
+from tests.test_limited import CONFIG, rule
 
-CONFIG = """
-domain: web
-descriptors:
-  - key: user
-    rate_limit: {unit: hour, requests_per_unit: 10}
-  - key: generic_key
-    value: api.login
-    rate_limit: {unit: hour, requests_per_unit: 40, name: login}
-"""
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
@@ -40,10 +32,6 @@ def limited(served: Served) -> dict[str, Any]:
     assert status == 200, text
     found: dict[str, Any] = json.loads(text)
     return found
-
-
-def rule(view: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(r for r in view["rules"] if r["rule"] == name)
 
 
 def calls(served: Served, entries: list[tuple[str, str]]) -> list[int]:

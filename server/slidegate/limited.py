@@ -77,28 +77,48 @@ class _Minutes:
 
 
 class _Tally:
-    """One rule's counts (a ring of POINTS per series, by tick) and its values."""
+    """One rule's counts: those of the current tick (``decided``, ``overs``, ``nears``, what the watcher adds to)
+    and a ring of POINTS per series, by tick, for the ticks before; and its values."""
 
-    __slots__ = ("decisions", "domain", "limit", "name", "near", "near_below", "near_values", "over",
-                 "over_values", "shadow", "source")
+    __slots__ = ("decided", "decisions", "domain", "limit", "name", "near", "near_below", "near_values", "nears",
+                 "over", "over_values", "overs", "shadow", "source")
 
     def __init__(self, domain: str, rule: DescriptorNode, limit: RateLimit, near_limit_ratio: float) -> None:
         self.domain, self.name, self.source, self.limit = domain, rule_name(rule), rule.source, limit
         self.shadow = rule.shadow_mode
         # near: more than the near threshold used, that is fewer than this many remaining
         self.near_below = limit.requests_per_unit - near_threshold(limit.requests_per_unit, near_limit_ratio)
+        self.decided = self.overs = self.nears = 0
         self.decisions, self.over, self.near = [0] * POINTS, [0] * POINTS, [0] * POINTS
         self.over_values, self.near_values = _Minutes(), _Minutes()
 
-    def clear(self, point: int) -> None:
-        self.decisions[point] = self.over[point] = self.near[point] = 0
+    def close(self, point: int, passed: range) -> None:
+        """The current tick's counts to ``point``, and the ``passed`` points cleared."""
+        self.decisions[point], self.over[point], self.near[point] = self.decided, self.overs, self.nears
+        self.decided = self.overs = self.nears = 0
+        for cleared in passed:
+            self.decisions[cleared % POINTS] = self.over[cleared % POINTS] = self.near[cleared % POINTS] = 0
+
+    def series(self, order: list[int]) -> dict[str, list[int]]:
+        """Each series in ``order`` of points, the current tick's counts last."""
+        return {"decisions": [self.decisions[i] for i in order[:-1]] + [self.decided],
+                "over_limit": [self.over[i] for i in order[:-1]] + [self.overs],
+                "near_limit": [self.near[i] for i in order[:-1]] + [self.nears]}
 
     def idle(self) -> bool:
-        return not any(self.decisions)
+        return not self.decided and not any(self.decisions)
+
+
+# what a rule without a limit (unlimited, replaced) is counted in: nothing reads it, and nothing is near in it
+_UNCOUNTED = _Tally.__new__(_Tally)
+_UNCOUNTED.decided = _UNCOUNTED.overs = _UNCOUNTED.nears = 0
+_UNCOUNTED.near_below = -1
+_UNCOUNTED.over_values = _UNCOUNTED.near_values = _Minutes()  # bounded as any; never over without a limit
 
 
 class TopLimited:
-    """The watcher (see the module docstring). ``clock``: seconds since the epoch, read by ``advance`` only."""
+    """The watcher is ``watch`` (see the module docstring). ``clock``: seconds since the epoch, read by ``advance``
+    only."""
 
     def __init__(self, values: ShownValues, *, capacity: int = 64, near_limit_ratio: float = 0.8,
                  hash_key: bytes = b"", clock: Callable[[], float] = time.time) -> None:
@@ -109,35 +129,37 @@ class TopLimited:
         self._by_rule: dict[int, _Tally] = {}  # by the rule's id, for the config below (which keeps them alive)
         self._config: Config | None = None
         self.tick = int(clock() // TICK_SECONDS)
-        self._point = self.tick % POINTS
 
-    def __call__(self, decision: Decision) -> None:
-        prepared = decision.prepared
-        plan = prepared.plan
-        if plan.config is not self._config:
-            self._config, self._by_rule = plan.config, {}
-        point = self._point
+    def watch(self, decision: Decision) -> None:
+        """Count ``decision`` (Decider.watch). Kept to a few operations a descriptor: it is in every call's path."""
+        if decision.prepared.plan.config is not self._config:
+            self._config, self._by_rule = decision.prepared.plan.config, {}
+        by_rule = self._by_rule
         for index, status in enumerate(decision.statuses):
             rule = status.rule
-            if rule is None or status.limit is None:
+            if rule is None:  # no rule, or the request's own limit
                 continue
-            tally = self._by_rule.get(id(rule))
+            tally = by_rule.get(id(rule))
             if tally is None:
-                tally = self._tally(plan.domain, rule, status.limit)
-            tally.decisions[point] += 1
+                tally = self._tally(decision, rule, status.limit)
+            tally.decided += 1
             if status.over:
-                tally.over[point] += 1
+                tally.overs += 1
                 if self._keep:
-                    tally.over_values.add(self.tick // TICKS_PER_MINUTE, prepared.descriptors[index].entries,
+                    tally.over_values.add(self.tick // TICKS_PER_MINUTE, decision.prepared.descriptors[index].entries,
                                           self.capacity)
             elif status.remaining < tally.near_below:
-                tally.near[point] += 1
+                tally.nears += 1
                 if self._keep:
-                    tally.near_values.add(self.tick // TICKS_PER_MINUTE, prepared.descriptors[index].entries,
+                    tally.near_values.add(self.tick // TICKS_PER_MINUTE, decision.prepared.descriptors[index].entries,
                                           self.capacity)
 
-    def _tally(self, domain: str, rule: DescriptorNode, limit: RateLimit) -> _Tally:
+    def _tally(self, decision: Decision, rule: DescriptorNode, limit: RateLimit | None) -> _Tally:
         """The rule's tally: the one of the same domain and name (a reload keeps its history), else a new one."""
+        if limit is None:
+            self._by_rule[id(rule)] = _UNCOUNTED
+            return _UNCOUNTED
+        domain = decision.domain
         tally = _Tally(domain, rule, limit, self._ratio)
         tally = self._tallies.setdefault((domain, tally.name), tally)
         tally.limit, tally.source, tally.shadow = limit, rule.source, rule.shadow_mode
@@ -149,10 +171,10 @@ class TopLimited:
         tick = int(self._clock() // TICK_SECONDS)
         if tick <= self.tick:
             return
-        for passed in range(self.tick + 1, min(tick, self.tick + POINTS) + 1):
-            for tally in self._tallies.values():
-                tally.clear(passed % POINTS)
-        self.tick, self._point = tick, tick % POINTS
+        passed = range(self.tick + 1, min(tick, self.tick + POINTS) + 1)
+        for tally in self._tallies.values():
+            tally.close(self.tick % POINTS, passed)
+        self.tick = tick
         idle = [key for key, tally in self._tallies.items() if tally.idle()]
         if idle:
             for key in idle:
@@ -180,8 +202,7 @@ class TopLimited:
                           "unit": limit.unit.name.lower() if limit.unit else None,
                           "unit_multiplier": limit.unit_multiplier, "name": printable(limit.name)},
                 "shadow_mode": tally.shadow,
-                "decisions": [tally.decisions[i] for i in order], "over_limit": [tally.over[i] for i in order],
-                "near_limit": [tally.near[i] for i in order],
+                **tally.series(order),
                 "over_limit_values": tally.over_values.shown(minute, self.show),
                 "near_limit_values": tally.near_values.shown(minute, self.show)})
         return {"tick": tick, "tick_seconds": TICK_SECONDS, "values": str(self.values), "rules": rules}

@@ -141,5 +141,5 @@ def watching(settings: Settings, decider: Decider) -> LimitedView:
     shown = settings.top_limited.keyed()
     top_limited = TopLimited(shown.values, capacity=shown.capacity, near_limit_ratio=settings.near_limit_ratio,
                              hash_key=hashlib.blake2b(shown.hash_key.encode(), digest_size=32).digest())
-    decider.watch(top_limited)
+    decider.watch(top_limited.watch)
     return LimitedView(top_limited, os.environ.get("PROMETHEUS_MULTIPROC_DIR", ""))
