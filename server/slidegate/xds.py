@@ -31,7 +31,7 @@ from slidegate._proto.ratelimit.config.ratelimit.v3 import rls_conf_pb2
 from slidegate.config import ConfigError, LoadOptions
 from slidegate.config.from_xds import TYPE_URL, load_resources
 from slidegate.metrics import Metrics
-from slidegate.reload import ConfigHolder
+from slidegate.reload import ConfigHolder, Pacer, loading
 from slidegate.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -209,8 +209,10 @@ class XdsConfigSource:
                 self._holder.current = dataclasses.replace(self._holder.current, version=self.version)
                 log.debug("xDS config version %s: the same resources, kept", self.version)
                 return self._ack(response)
-            # in a thread: a large config must not stall decisions
-            config = await asyncio.to_thread(load_resources, resources, response.version_info, self._options)
+            # in a thread, paced: a large config must not stall decisions (slidegate.reload)
+            with loading:
+                config = await asyncio.to_thread(load_resources, resources, response.version_info, self._options,
+                                                 Pacer())
         except (InvalidResponse, ConfigError) as exc:
             return self._refuse(response, str(exc))
         except Exception as exc:  # a bug of ours: NACKed all the same, or the server would resend it at every redial

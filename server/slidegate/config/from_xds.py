@@ -11,7 +11,7 @@ cannot tell them from unset; ``metadata`` is the Struct as JSON holds it (number
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from google.protobuf import struct_pb2
@@ -70,15 +70,26 @@ def _value(value: struct_pb2.Value) -> Any:
     return None if which in (None, "null_value") else getattr(value, which)
 
 
+def _paced(descriptors: Sequence[rls_conf_pb2.RateLimitDescriptor], pause: Callable[[], None]) -> Iterator[Fields]:
+    """The top-level descriptors, each read when the builder comes to it, after a pause."""
+    for descriptor in descriptors:
+        pause()
+        yield _descriptor(descriptor)
+
+
+def _no_pause() -> None:
+    return None
+
+
 def _count(descriptors: Sequence[rls_conf_pb2.RateLimitDescriptor]) -> int:
     return sum(1 + d.HasField("rate_limit") + _count(d.descriptors) for d in descriptors)
 
 
-def _build(resource: rls_conf_pb2.RateLimitConfig, options: LoadOptions) -> Built:
+def _build(resource: rls_conf_pb2.RateLimitConfig, options: LoadOptions, pause: Callable[[], None]) -> Built:
     sink = Sink(resource.name, options)
     root: dict[str, Any] = {"domain": resource.domain}
     if resource.descriptors:
-        root["descriptors"] = [_descriptor(d) for d in resource.descriptors]
+        root["descriptors"] = _paced(resource.descriptors, pause)
     try:
         return build_domain(sink, Fields(root)), 0, sink.issues
     except GiveUp as exc:
@@ -88,11 +99,13 @@ def _build(resource: rls_conf_pb2.RateLimitConfig, options: LoadOptions) -> Buil
     return DomainConfig(domain="", root=Level(), source=resource.name), 0, sink.issues
 
 
-def load_resources(resources: Sequence[rls_conf_pb2.RateLimitConfig], version: str, options: LoadOptions) -> Config:
+def load_resources(resources: Sequence[rls_conf_pb2.RateLimitConfig], version: str, options: LoadOptions,
+                   pause: Callable[[], None] = _no_pause) -> Config:
     """The config of a whole state-of-the-world response (``version``: its version_info). Raises ConfigError with
-    every problem, each naming its resource and the field path."""
+    every problem, each naming its resource and the field path. ``pause``: called before each top-level descriptor
+    is built, as slidegate.config.loader.load_directory's."""
     for resource in resources:
         # the file loader's bound, counted on the message before anything is built
         if _count(resource.descriptors) > MAX_MAPPINGS:
             raise ConfigError([ConfigIssue(resource.name, 0, "", f"more than {MAX_MAPPINGS} descriptors and limits")])
-    return assemble([_build(r, options) for r in resources], options, version)
+    return assemble([_build(r, options, pause) for r in resources], options, version)
