@@ -93,21 +93,21 @@ class ReloadLog:
 
 
 class Rewriter(threading.Thread):
-    """Changes the config (``change``, with 0, 1, 0 …: every limit changed each time), waits until the server has
-    it in force and ``gap`` seconds more, and again, until stopped. What ``change`` sends is made beforehand, so
-    that this thread takes little of this process's GIL from the callers."""
+    """Changes the config (``change``, with the next of ``generations``, 0, 1, 0 … over the whole run: every limit
+    changed each time), waits until the server has it in force and ``gap`` seconds more, and again, until stopped.
+    What ``change`` sends is made beforehand, so that this thread takes little of this process's GIL from the
+    callers."""
 
-    def __init__(self, change: Callable[[int], None], log: ReloadLog, gap: float) -> None:
+    def __init__(self, change: Callable[[int], None], log: ReloadLog, gap: float,
+                 generations: Iterator[int]) -> None:
         super().__init__(daemon=True)
-        self.change, self.log, self.gap = change, log, gap
+        self.change, self.log, self.gap, self.generations = change, log, gap, generations
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        for generation in itertools.cycle((0, 1)):
-            if self.stopped.is_set():
-                return
+        while not self.stopped.is_set():
             done = self.log.reloads()
-            self.change(generation)
+            self.change(next(self.generations))
             while self.log.reloads() == done and not self.stopped.wait(0.1):
                 pass
             self.stopped.wait(self.gap)
@@ -174,10 +174,11 @@ def run_rounds(args: argparse.Namespace, port: int, change: Callable[[int], None
     asyncio.run(load(port, args.callers, 1.0))  # warm-up: connections, every request seen once
     steady: list[float] = []
     reloading: list[float] = []
+    generations = itertools.cycle((0, 1))  # the server starts with 1's
     for round_ in range(1, args.rounds + 1):
         calm = asyncio.run(load(port, args.callers, args.seconds))
         before = log.reloads()
-        rewriter = Rewriter(change, log, gap)
+        rewriter = Rewriter(change, log, gap, generations)
         rewriter.start()
         busy = asyncio.run(load(port, args.callers, args.seconds))
         rewriter.stopped.set()
