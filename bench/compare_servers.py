@@ -60,10 +60,10 @@ class Server:
     stats: StatsdListener | None = field(default=None, compare=False)  # what it sends to statsd, if started here
     pid: int = 0  # its process, if started here
 
-    def get(self, path: str, body: bytes | None = None, debug: bool = False) -> tuple[int, str]:
-        """The HTTP status and body of ``path`` (POST when ``body`` is given); (0, "") when nothing answers."""
-        address = self.debug if debug else self.http
-        request = urllib.request.Request(f"http://{address}{path}", data=body,
+    def get(self, path: str, body: bytes | None = None) -> tuple[int, str]:
+        """The HTTP status and body of ``path`` on the HTTP port (POST when ``body`` is given); (0, "") when nothing
+        answers."""
+        request = urllib.request.Request(f"http://{self.http}{path}", data=body,
                                          method="POST" if body is not None else "GET")
         try:
             with urllib.request.urlopen(request, timeout=5) as reply:

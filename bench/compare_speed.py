@@ -6,15 +6,16 @@ slidegate with its defaults, all three on one private Redis and one config, in o
     python bench/compare_speed.py --write-config DIR
     python bench/compare_speed.py --address slidegate=127.0.0.1:8081 --address other=127.0.0.1:9081
 
-The reference is its ./src/service_cmd, built by hand outside this repository. Each workload is one
-pre-serialised ShouldRateLimit call repeated by h2load over gRPC (10 connections, 10 streams each), the servers
-taken in turn in every repeat (so a slow moment of the shared machine is shared); the medians are reported:
-calls/s, calls per CPU-second of the server's process (its threads and children), the latency percentiles under
-that load and with one call at a time, and Redis's CPU per call. Workloads: 1, 4 and 16 descriptors of limits
-that are never reached, and an attack mix, 90% of the calls on one limit that is over (10 an hour) beside 10%
-within. Both send stats (to a listener each) and use the settings of bench/compare_servers.COMMON, but
-slidegate's default row, which keeps its own defaults (sliding_window_log, the rejections cache). A last row,
-bench/noop_server.py answering OK without Redis, is the ceiling of any RLS written on Python's grpc.aio.
+The reference is its ./src/service_cmd, built by hand outside this repository. Each workload is one pre-serialised
+ShouldRateLimit call repeated by h2load over gRPC (10 connections, 10 streams each), the servers taken in turn in
+every repeat (so a slow moment of the shared machine is shared); the medians are reported: calls/s, calls per
+CPU-second of the server's process (its threads and children), the latency percentiles under that load and with one
+call at a time, and Redis's CPU per call. Workloads: 1, 4 and 16 descriptors of limits that are never reached, an
+attack mix, 90% of the calls on one limit that is over (10 an hour) beside 10% within, and HTTP requests through
+Envoy's rate-limit filter (an Envoy started for each measurement). Both send stats (to a listener each) and use the
+settings of bench/compare_servers.COMMON, but slidegate's default row, which keeps its own defaults
+(sliding_window_log, the rejections cache). A last row, bench/noop_server.py answering OK without Redis, is the
+ceiling of any RLS written on Python's grpc.aio.
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ if __package__ in (None, ""):  # run as a script: the repository's root on the p
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.compare_servers import COMMON, Server, config_dir, launch_reference, launch_slidegate, scratch, wait_healthy
-from bench.run import Load, body, h2load, private_redis, redis_pid
+from bench.run import Load, body, envoy_config, h2load, h2load_envoy, private_redis, redis_pid
 from slidegate import stack
 
 KEYS = 16
 CONFIG = "domain: bench\ndescriptors:\n" + "".join(
     f"  - key: d{i}\n    rate_limit: {{unit: hour, requests_per_unit: 1000000000}}\n" for i in range(KEYS)) + \
-    "  - key: hot\n    rate_limit: {unit: hour, requests_per_unit: 10}\n"
+    "  - key: hot\n    rate_limit: {unit: hour, requests_per_unit: 10}\n" \
+    "  - key: path\n    rate_limit: {unit: hour, requests_per_unit: 1000000000}\n"
 # slidegate's own defaults for its second row, where COMMON sets the reference's
 NOOP = "Python no-op handler"
 SLIDEGATE_DEFAULTS = {"DEFAULT_ALGORITHM": "sliding_window_log", "LOCAL_CACHE_SIZE_IN_BYTES": "33554432"}
@@ -53,13 +55,16 @@ class Workload:
     name: str
     descriptors: int  # of the limits never reached
     attack: bool = False  # 90% of the calls on the over limit
+    envoy: bool = False  # HTTP requests through Envoy's rate-limit filter, which asks for [path=<:path>]
     clients: int = 10
     streams: int = 10
 
 
 WORKLOADS = (Workload("1 descriptor", 1), Workload("4 descriptors", 4), Workload("16 descriptors", KEYS),
              Workload("attack mix (90% over)", 1, attack=True),
-             Workload("1 descriptor, one call at a time", 1, clients=1, streams=1))
+             Workload("1 descriptor, one call at a time", 1, clients=1, streams=1),
+             Workload("through Envoy (1 descriptor, 1,000 paths)", 1, envoy=True))
+ENVOY_PATHS = 1000
 
 
 def measure(server: Server, workload: Workload, requests: int, directory: Path, redis: int) -> Load:
@@ -68,6 +73,8 @@ def measure(server: Server, workload: Workload, requests: int, directory: Path, 
     # a server or Redis not started here (pid 0): this process stands in, and its CPU is not told
     watch = {"server": server.pid or os.getpid(), "redis": redis or os.getpid()}
     port = int(server.grpc.rsplit(":", 1)[1])
+    if workload.envoy:
+        return _through_envoy(port, requests, directory, watch)
     if not workload.attack:
         calls = requests // 10 if workload.clients == 1 else requests
         return h2load(port, data, calls, workload.clients, workload.streams, watch)
@@ -91,6 +98,20 @@ def run(reference: str, requests: int, repeat: int) -> tuple[list[str], dict[tup
         results = rounds(servers, requests, repeat, root, redis_pid(url))
     shutil.rmtree(root)
     return [s.name for s in servers], results
+
+
+def _through_envoy(rls_port: int, requests: int, directory: Path, watch: dict[str, int]) -> Load:
+    """h2load through an Envoy of its own asking the RLS on ``rls_port`` (bench/run.py's config and load)."""
+    listener, admin = stack.free_port(), stack.free_port()
+    uris = directory / "uris"
+    uris.write_text("".join(f"http://127.0.0.1:{listener}/k{i}\n" for i in range(ENVOY_PATHS)))
+    envoy = stack.start_envoy(envoy_config(listener, admin, rls_port), admin)
+    try:
+        envoy_watch = {"envoy": envoy.pid, **watch}
+        h2load_envoy(listener, uris, min(requests, 2000), envoy_watch)  # warm up
+        return h2load_envoy(listener, uris, requests, envoy_watch)
+    finally:
+        stack.stop(envoy)
 
 
 def rounds(servers: list[Server], requests: int, repeat: int, directory: Path,
