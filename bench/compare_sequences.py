@@ -51,7 +51,7 @@ def matching() -> list[Scenario]:
     """Which limit a descriptor finds: values, defaults, nesting, wildcards, unknown keys."""
     name = "value_and_default"
     specific = _limit("k", 1, value="special") + _limit("k", 3)
-    yield_ = [_seq(name, specific, [ask(name, ("k", "special")), ask(name, ("k", "special")), ask(name, ("k", "a")),
+    out = [_seq(name, specific, [ask(name, ("k", "special")), ask(name, ("k", "special")), ask(name, ("k", "a")),
                                     ask(name, ("k", "b")), ask(name, ("k", "a")), ask(name, ("k", "a")),
                                     ask(name, ("k", "a"))], "a value's limit and the key's default")]
     name = "nested"
@@ -64,7 +64,7 @@ def matching() -> list[Scenario]:
       - key: c
         value: z
         rate_limit: {unit: hour, requests_per_unit: 1}"""
-    yield_.append(_seq(name, nested, [ask(name, ("a", "x"), ("b", "1")), ask(name, ("a", "x"), ("b", "2")),
+    out.append(_seq(name, nested, [ask(name, ("a", "x"), ("b", "1")), ask(name, ("a", "x"), ("b", "2")),
                                       ask(name, ("a", "x"), ("b", "1")), ask(name, ("a", "x"), ("b", "1")),
                                       ask(name, ("a", "x")), ask(name, ("a", "y"), ("b", "1")),
                                       ask(name, ("a", "x"), ("c", "z")), ask(name, ("a", "x"), ("c", "z")),
@@ -77,7 +77,7 @@ def matching() -> list[Scenario]:
     descriptors:
       - key: b
         rate_limit: {unit: minute, requests_per_unit: 3}"""
-    yield_.append(_seq(name, both, [ask(name, ("a", "1")), ask(name, ("a", "1")), ask(name, ("a", "1"), ("b", "2")),
+    out.append(_seq(name, both, [ask(name, ("a", "1")), ask(name, ("a", "1")), ask(name, ("a", "1"), ("b", "2")),
                                     ask(name, ("a", "1"), ("b", "2")), ask(name, ("a", "1"), ("b", "2")),
                                     ask(name, ("a", "1"), ("b", "2")), ask(name, ("a", "1"), ("b", "2"), ("c", "3"))],
                        "a limit on the parent and on the child: the deepest match"))
@@ -85,29 +85,35 @@ def matching() -> list[Scenario]:
     deep = "".join(f"\n{'  ' * (2 * i)}  - key: l{i}\n{'  ' * (2 * i)}    descriptors:" for i in range(4))
     deep += f"\n{'  ' * 8}  - key: l4\n{'  ' * 8}    rate_limit: {{unit: hour, requests_per_unit: 2}}"
     entries = tuple((f"l{i}", str(i)) for i in range(5))
-    yield_.append(_seq(name, deep, [ask(name, *entries)] * 3 + [ask(name, *entries[:4])], "five levels of nesting"))
+    out.append(_seq(name, deep, [ask(name, *entries)] * 3 + [ask(name, *entries[:4])], "five levels of nesting"))
+    name = "unknown_key"
+    out.append(_seq(name, _limit("k", 1), [ask(name, ("other", "v")), ask(name, ("other", "v")),
+                                              ask(name, ("k", "v"), ("extra", "e")), ask(name, ("k", "v"))],
+                       "a key without a limit, and extra entries past a leaf"))
+    name = "empty_value"
+    out.append(_seq(name, _limit("k", 2), [ask(name, ("k", ""))] * 3, "an entry with an empty value"))
+    return out
+
+
+def wildcards() -> list[Scenario]:
+    """Wildcard values, before a key's default, each value counted apart unless share_threshold."""
+    out = []
     for pattern, values in (("/api/*", ["/api/x", "/api/y", "/api/", "/apix", "/other", "/api/x/y"]),
                             ("*", ["", "a", "*"]), ("foo*bar", ["foobar", "foo-bar", "foobarx", "xfoobar"]),
                             ("a*b*c", ["abc", "a1b2c", "acb"])):
         name = "wildcard_" + "".join(c if c.isalnum() else "_" for c in pattern)
         requests = [ask(name, ("path", v)) for v in values for _ in range(2)]
-        yield_.append(_seq(name, _limit("path", 1, value=pattern) + _limit("path", 5), requests,
+        out.append(_seq(name, _limit("path", 1, value=pattern) + _limit("path", 5), requests,
                            f"wildcard {pattern!r} before the key's default"))
     name = "share_threshold"
     shared = _limit("path", 2, value="/api/*", extra="\n    share_threshold: true")
-    yield_.append(_seq(name, shared, [ask(name, ("path", f"/api/{i}")) for i in range(4)],
+    out.append(_seq(name, shared, [ask(name, ("path", f"/api/{i}")) for i in range(4)],
                        "share_threshold: every value of the wildcard counts on one counter"))
     name = "not_shared"
-    yield_.append(_seq(name, _limit("path", 2, value="/api/*"),
+    out.append(_seq(name, _limit("path", 2, value="/api/*"),
                        [ask(name, ("path", f"/api/{i % 2}")) for i in range(5)],
                        "without share_threshold each value counts on its own"))
-    name = "unknown_key"
-    yield_.append(_seq(name, _limit("k", 1), [ask(name, ("other", "v")), ask(name, ("other", "v")),
-                                              ask(name, ("k", "v"), ("extra", "e")), ask(name, ("k", "v"))],
-                       "a key without a limit, and extra entries past a leaf"))
-    name = "empty_value"
-    yield_.append(_seq(name, _limit("k", 2), [ask(name, ("k", ""))] * 3, "an entry with an empty value"))
-    return yield_
+    return out
 
 
 def modes() -> list[Scenario]:
@@ -262,4 +268,4 @@ def reloads() -> list[Scenario]:
 
 
 def hand_written() -> list[Scenario]:
-    return [*basics(), *matching(), *modes(), *protocol(), *values(), *reloads()]
+    return [*basics(), *matching(), *wildcards(), *modes(), *protocol(), *values(), *reloads()]
