@@ -125,16 +125,18 @@ class Decision(NamedTuple):
         """For each descriptor, whether its own code is OVER_LIMIT: over, unless its rule is in shadow mode."""
         return [s.over and not s.shadow for s in self.statuses]
 
-    def rejecting_rules(self) -> list[str]:
-        """The names of the rules that rejected this request (rule_of), none when it was admitted: every one over
-        its limit and not in shadow mode, its quota-mode ones only when no other rejected it (then all of them
-        were over)."""
+    def rejecting(self) -> list[tuple[Descriptor, Status]]:
+        """The descriptors that rejected this request, none when it was admitted: every one over its limit and not
+        in shadow mode, its quota-mode ones only when no other rejected it (then all of them were over)."""
         if not self.rejected:
             return []
         over = [(d, s) for d, s in zip(self.prepared.descriptors, self.statuses, strict=True)
                 if s.over and not s.shadow]
-        said_no = [(d, s) for d, s in over if not s.quota] or over
-        return list(dict.fromkeys(rule_of(d, s) for d, s in said_no))
+        return [(d, s) for d, s in over if not s.quota] or over
+
+    def rejecting_rules(self) -> list[str]:
+        """The names of the rules that rejected this request (``rejecting``, named by rule_of), each once."""
+        return list(dict.fromkeys(rule_of(d, s) for d, s in self.rejecting()))
 
     def shown(self) -> list[Shown]:
         """What the rate-limit response headers tell: each descriptor with a limit of a unit."""

@@ -21,71 +21,85 @@ SAMPLE_CHARS = 200  # of the descriptor shown
 
 @dataclass(slots=True)
 class _Tally:
+    name: str  # the rule's (rule_of), made when its first rejection of this config came
     last_line: float  # when this rule's last line was written
     denied: int = 0  # requests rejected since then
-    sample: str = ""  # the descriptor of the latest of them
+    sample: tuple[tuple[str, str], ...] = ()  # the entries of the latest of them
 
 
 class OverLimitLog:
     """Told of each decision (``__call__``); writes a rule's first rejection at once, then at most one line every
     ``interval`` seconds with the count since its last line, the last line of a burst after ``interval`` even if
-    no rejection follows (a timer of the running loop). ``clock``: seconds, monotonic (tests)."""
+    no rejection follows (a timer of the running loop). ``clock``: seconds, monotonic (tests).
+
+    A rejection costs a lookup of its rule (by the rule itself, or an override's keys): the rule's name and the
+    descriptor are written out only with a line (an attack is thousands of rejections a second). A new config
+    writes what is pending and starts afresh, so that no old config is kept alive."""
 
     def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._interval = interval
         self._clock = clock
-        self._rules: dict[str, _Tally] = {}
+        self._rules: dict[object, _Tally] = {}
+        self._config: object = None
         self._timer: asyncio.TimerHandle | None = None
 
     def __call__(self, decision: Decision) -> None:
         if not decision.rejected:
             return
+        config = decision.prepared.plan.config
         now = self._clock()
-        for name in decision.rejecting_rules():
-            tally = self._rules.get(name)
+        if config is not self._config:
+            self._flush(now, every=True)
+            self._rules, self._config = {}, config
+        for descriptor, status in decision.rejecting():
+            # a rule by itself (its config is the current one, and keeps it alive), an override by its keys
+            key = id(status.rule) if status.rule is not None else tuple(k for k, _ in descriptor.entries)
+            tally = self._rules.get(key)
             if tally is None:
                 if len(self._rules) >= MAX_RULES:
                     self._forget_quiet(now)
                     if len(self._rules) >= MAX_RULES:
                         continue
-                tally = self._rules[name] = _Tally(now - self._interval)
+                tally = self._rules[key] = _Tally(rule_of(descriptor, status), now - self._interval)
+            elif tally.sample is descriptor.entries and tally.denied:
+                tally.denied += 1  # the same request again (a remembered one): nothing else changes
+                if now - tally.last_line >= self._interval:
+                    self._write(tally, now)
+                continue
             tally.denied += 1
-            tally.sample = _sample(decision, name)
+            tally.sample = descriptor.entries
             if now - tally.last_line >= self._interval:
-                self._write(name, tally, now)
+                self._write(tally, now)
             else:
                 self._later()
 
-    def _write(self, name: str, tally: _Tally, now: float) -> None:
+    def _write(self, tally: _Tally, now: float) -> None:
+        sample = printable(",".join(f"{k}={v}" for k, v in tally.sample))[:SAMPLE_CHARS]
         log.info("over limit: rule %s rejected %d request%s in the last %.0f s, the latest with descriptor %s",
-                 name, tally.denied, "" if tally.denied == 1 else "s", min(now - tally.last_line, self._interval),
-                 tally.sample, extra={"rule": name, "denied": tally.denied, "descriptor": tally.sample})
+                 tally.name, tally.denied, "" if tally.denied == 1 else "s", min(now - tally.last_line, self._interval),
+                 sample, extra={"rule": tally.name, "denied": tally.denied, "descriptor": sample})
         tally.last_line, tally.denied = now, 0
 
     def _later(self) -> None:
         """Write what is pending once its interval is over, should no rejection come to write it."""
         if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._interval, self._flush)
+            self._timer = asyncio.get_running_loop().call_later(self._interval, self._rang)
 
-    def _flush(self) -> None:
+    def _rang(self) -> None:
         self._timer = None
-        now = self._clock()
+        self._flush(self._clock())
+
+    def _flush(self, now: float, *, every: bool = False) -> None:
+        """Write each rule's pending count whose interval is over (``every``: all of them)."""
         pending = False
-        for name, tally in self._rules.items():
-            if tally.denied and now - tally.last_line >= self._interval:
-                self._write(name, tally, now)
+        for tally in self._rules.values():
+            if tally.denied and (every or now - tally.last_line >= self._interval):
+                self._write(tally, now)
             pending = pending or bool(tally.denied)
         if pending:
             self._later()
 
     def _forget_quiet(self, now: float) -> None:
         """Drop the rules with nothing pending whose last line is an interval old."""
-        for name in [n for n, t in self._rules.items() if not t.denied and now - t.last_line >= self._interval]:
-            del self._rules[name]
-
-
-def _sample(decision: Decision, name: str) -> str:
-    for descriptor, status in zip(decision.prepared.descriptors, decision.statuses, strict=True):
-        if status.over and rule_of(descriptor, status) == name:
-            return printable(",".join(f"{k}={v}" for k, v in descriptor.entries))[:SAMPLE_CHARS]
-    return ""
+        for key in [k for k, t in self._rules.items() if not t.denied and now - t.last_line >= self._interval]:
+            del self._rules[key]
