@@ -127,6 +127,10 @@ def test_the_headers_tell_the_last_limit_that_rejects_as_the_reference_does() ->
     quota_over = Status(MINUTE, over=True, quota=True, remaining=0, reset_us=5_000_000)
     assert headers([quota_over, Status(HOUR, over=True, remaining=0, reset_us=1)], plain)["RateLimit-Limit"] == "100"
     assert headers([shadow, minute_full], plain)["RateLimit-Reset"] == "1"  # no rejection: the first of equals
+    # under SHADOW_MODE nothing is rejected, but the descriptor whose own code is OVER_LIMIT is still the one told
+    # (as the reference, beside slidegate: its codes stay), and no client is told to wait
+    told = headers([minute_full, hour_over], plain, shadow_mode=True)
+    assert told["RateLimit-Reset"] == "3000"
 
 
 def test_the_header_names_are_settings() -> None:

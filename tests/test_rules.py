@@ -119,20 +119,15 @@ async def test_quota_mode_and_dynamic_metadata(limits: Limits) -> None:
     assert metadata.pop("statuses") == [{"code": "OVER_LIMIT", "rule": "quota", "limit": 1.0, "remaining": 0.0},
                                         {"code": "OK"}]
     assert metadata.pop("rejectedBy") == "quota"
-    assert metadata == {  # the reference's fields, as it writes them
-        "domain": "f",
-        "descriptors": [{"entries": ["quota=q"], "metadata": {"plan": "free"}}, {"entries": ["nothing=x"]}],
-        "quotaModeEnabled": True,
-        "quotaModeViolations": [0.0],
-    }
-    # as envoyproxy/ratelimit's (src/service/ratelimit_test.go, TestRatelimitToMetadata): no violations, no field
-    assert "quotaModeViolations" not in json_format.MessageToDict(replies[0].dynamic_metadata)
+    # the reference's fields, as its ratelimitToMetadata writes them (since its #1112): the rules' metadata only of
+    # the descriptors that passed (here none: the quota one was over)
+    assert metadata == {"domain": "f", "descriptors": [{"entries": ["quota=q"]}, {"entries": ["nothing=x"]}]}
+    assert json_format.MessageToDict(replies[0].dynamic_metadata)["metadata"] == {"plan": "free"}  # it passed
     assert "rejectedBy" not in json_format.MessageToDict(replies[0].dynamic_metadata)  # admitted
-    addend = await service.should_rate_limit(request("f", descriptor(("user", "m")), hits_addend=2))
+    addend = await service.should_rate_limit(request("f", descriptor(("user", "m"), hits=1), hits_addend=2))
     metadata = json_format.MessageToDict(addend.dynamic_metadata)
     assert metadata.pop("statuses")[0]["rule"] == "per-user"  # its limit's name
-    assert metadata == {
-        "domain": "f", "descriptors": [{"entries": ["user=m"]}], "hitsAddend": 2.0, "quotaModeEnabled": False}
+    assert metadata == {"domain": "f", "descriptors": [{"entries": ["user=m"], "hitsAddend": 1.0}], "hitsAddend": 2.0}
     plain = await limits(CONFIG)
     reply = await plain.should_rate_limit(request("f", descriptor(("quota", "q"))))
     assert not reply.HasField("dynamic_metadata")
@@ -251,14 +246,14 @@ async def test_a_request_rejected_by_its_quota_descriptors_counts_nothing(limits
 async def test_global_quota_mode(limits: Limits) -> None:
     """QUOTA_MODE=true (envoyproxy/ratelimit src/settings/settings.go) puts every limit in quota mode; a
     shadow_mode rule stays a shadow."""
-    service = await limits(CONFIG, quota_mode="true", response_dynamic_metadata="true")
+    service = await limits(CONFIG, quota_mode="true", response_dynamic_metadata="true")  # its statuses, below
     user, path = descriptor(("user", "g")), descriptor(("path", "/api/g"))
     for _ in range(2):
         await service.should_rate_limit(request("f", user))
     # per-user (2/minute) is over, the path limit is not: both in quota mode, so admitted
     reply = await service.should_rate_limit(request("f", user, path))
     assert (reply.overall_code, [s.code for s in reply.statuses]) == (OK, [OVER_LIMIT, OK])
-    assert json_format.MessageToDict(reply.dynamic_metadata)["quotaModeViolations"] == [0.0]
+    assert [s["code"] for s in json_format.MessageToDict(reply.dynamic_metadata)["statuses"]] == ["OVER_LIMIT", "OK"]
     over = await service.should_rate_limit(request("f", user, path))
     assert (over.overall_code, [s.code for s in over.statuses]) == (OVER_LIMIT, [OVER_LIMIT, OVER_LIMIT])
     # overrides are limits too

@@ -69,7 +69,8 @@ class Decision:
 
     def _shown(self) -> list[Shown]:
         return [Shown(d.name, d.keys, d.limit, d.window_seconds or 0, d.remaining, round(d.reset_seconds * 1e6),
-                      d.over, d.over and not self.allowed) for d in self.descriptors if d.limit is not None]
+                      d.over, d.over and not self.allowed, over_code=d.over)
+                for d in self.descriptors if d.limit is not None]
 
     @property
     def retry_after(self) -> int | None:

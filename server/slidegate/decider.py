@@ -143,7 +143,7 @@ class Decision(NamedTuple):
         rejected = self.rejected
         return [Shown(s.limit.name, tuple(key for key, _ in d.entries), s.limit.requests_per_unit,
                       s.limit.window_seconds, s.remaining, s.reset_us, s.over, rejected and s.over and not s.shadow,
-                      s.quota)
+                      s.quota, s.over and not s.shadow)
                 for d, s in zip(self.prepared.descriptors, self.statuses, strict=True)
                 if s.limit is not None and s.limit.unit is not None]
 

@@ -44,7 +44,8 @@ class HeaderNames:
 class Shown:
     """One descriptor that has a limit, as the headers tell it. ``name``: the limit's name ("" when it has
     none); ``keys``: the descriptor's entry keys, which name an unnamed limit; ``blocking``: over its limit in
-    a way that rejects the request (not shadow mode)."""
+    a way that rejects the request (not shadow mode); ``over_code``: its own code is OVER_LIMIT (over, its rule
+    not in shadow mode), whatever the request's (under SHADOW_MODE it is admitted)."""
 
     name: str
     keys: tuple[str, ...]
@@ -55,6 +56,7 @@ class Shown:
     over: bool
     blocking: bool
     quota: bool = False
+    over_code: bool = False
 
 
 def seconds(us: int) -> int:
@@ -74,7 +76,8 @@ def policy_name(name: str, keys: Sequence[str] = ()) -> str:
 def chosen(shown: Sequence[Shown]) -> Shown:
     """The descriptor the headers describe: the last that rejects the request by a limit not in quota mode, else
     the least remaining, the first of equals."""
-    rejecting = [s for s in shown if s.blocking and not s.quota]
+    # the descriptor's own code, as the reference's choice is (under SHADOW_MODE too, where nothing rejects)
+    rejecting = [s for s in shown if s.over_code and not s.quota]
     return rejecting[-1] if rejecting else min(shown, key=lambda s: s.remaining)
 
 

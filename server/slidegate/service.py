@@ -108,32 +108,49 @@ def _serialized_skeleton(statuses: Sequence[Status]) -> bytes:
 
 
 def _metadata(decision: Decision) -> struct_pb2.Struct:
-    """{domain, descriptors: [{entries: ["k=v"], metadata?}], hitsAddend?, quotaModeEnabled, quotaModeViolations?},
-    as envoyproxy/ratelimit's ratelimitToMetadata (src/service/ratelimit.go): the optional fields only when
-    not zero or empty."""
+    """{domain, descriptors: [{entries: ["k=v"], limit?, hitsAddend?}], hitsAddend?, metadata?}, as
+    envoyproxy/ratelimit's ratelimitToMetadata (src/service/ratelimit.go, since its #1112): ``metadata`` is the
+    rules' ``metadata`` of the descriptors that passed (answered OK, unlimited ones aside), merged, the first
+    one's key winning unless both are mappings; the optional fields only when set."""
     statuses = decision.statuses
     out = struct_pb2.Struct()
     out["domain"] = printable(decision.domain)
     items: list[Any] = []
+    merged: dict[str, Any] = {}
     for descriptor, status in zip(decision.prepared.descriptors, statuses, strict=True):
         item: dict[str, object] = {"entries": [printable(f"{k}={v}") for k, v in descriptor.entries]}
-        if status.rule is not None and status.rule.metadata:
-            item["metadata"] = status.rule.metadata
+        override = descriptor.override
+        if override is not None:  # Go's prototext of the request's RateLimitOverride
+            item["limit"] = f"requests_per_unit:{override.requests_per_unit} unit:{override.unit.name}"
+        if descriptor.hits_addend is not None:
+            item["hitsAddend"] = descriptor.hits_addend
         items.append(item)
+        limit = None if status.rule is None else status.rule.rate_limit
+        passed = not (status.over and not status.shadow)  # its code OK (a limit's, not an unlimited one's)
+        if passed and limit is not None and not limit.unlimited and status.rule is not None and status.rule.metadata:
+            _merge(merged, status.rule.metadata)
     out["descriptors"] = items
-    quota = [i for i, s in enumerate(statuses) if s.quota]
     if decision.prepared.hits_addend:
         out["hitsAddend"] = decision.prepared.hits_addend
-    out["quotaModeEnabled"] = bool(quota)
-    violations = [i for i in quota if statuses[i].over]
-    if violations:
-        out["quotaModeViolations"] = violations
+    if merged:
+        out["metadata"] = merged
     # beyond the reference's fields: each descriptor's answer and rule, and the rules behind a rejection (for an
     # access log's %DYNAMIC_METADATA(envoy.filters.http.ratelimit:rejectedBy)%)
     out["statuses"] = [_answered(d, s) for d, s in zip(decision.prepared.descriptors, statuses, strict=True)]
     if decision.rejected:
         out["rejectedBy"] = ", ".join(decision.rejecting_rules())
     return out
+
+
+def _merge(into: dict[str, Any], metadata: dict[str, Any]) -> None:
+    """The reference's mergeMetadata: a key already there stays, unless both values are mappings (merged)."""
+    for key, value in metadata.items():
+        there = into.get(key)
+        if there is None and key not in into:
+            into[key] = value
+        elif isinstance(there, dict) and isinstance(value, dict):
+            there = into[key] = dict(there)  # the rule's own mapping is its config's: never changed
+            _merge(there, value)
 
 
 def _answered(descriptor: Descriptor, status: Status) -> dict[str, Any]:
