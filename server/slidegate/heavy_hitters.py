@@ -52,43 +52,45 @@ class SpaceSaving(Generic[T]):
         return self._least if len(self._counts) >= self.capacity else 0
 
     def add(self, item: T) -> None:
-        """Count one occurrence of ``item``."""
-        counts = self._counts
+        """Count one occurrence of ``item``. In every over-limit call's path: the moves are written out here."""
+        counts, buckets = self._counts, self._buckets
         count = counts.get(item)
         if count is None:
             if len(counts) < self.capacity:
-                self._errors[item] = 0
-                self._put(item, 1)
+                self._errors[item] = count = 0
                 self._least = 1
-                return
-            count = self._evict()
-            self._errors[item] = count
+            else:
+                count = self._evict()
+                self._errors[item] = count
         else:
-            self._take(item, count)
-        self._put(item, count + 1)
-
-    def _take(self, item: T, count: int) -> None:
-        bucket = self._buckets[count]
-        del bucket[item]
-        if not bucket:
-            del self._buckets[count]
-            if count == self._least:
-                self._least = count + 1  # the item taken goes to count + 1, so that bucket is not empty
+            bucket = buckets[count]
+            if len(bucket) == 1:  # the item alone at its count: its bucket moves up with it when none is there
+                del buckets[count]
+                if count == self._least:
+                    self._least = count + 1
+                if count + 1 not in buckets:
+                    counts[item] = count + 1
+                    buckets[count + 1] = bucket
+                    return
+            else:
+                del bucket[item]
+        counts[item] = count + 1
+        above = buckets.get(count + 1)
+        if above is None:
+            buckets[count + 1] = {item: None}
+        else:
+            above[item] = None
 
     def _evict(self) -> int:
         """Drop one of the least counted items; return its count."""
         least = self._least
-        evicted = next(iter(self._buckets[least]))
-        self._take(evicted, least)
-        del self._counts[evicted], self._errors[evicted]
+        bucket = self._buckets[least]
+        evicted = next(iter(bucket))
+        del bucket[evicted], self._counts[evicted], self._errors[evicted]
+        if not bucket:
+            del self._buckets[least]
+            self._least = least + 1  # the new item goes to least + 1
         return least
-
-    def _put(self, item: T, count: int) -> None:
-        self._counts[item] = count
-        bucket = self._buckets.get(count)
-        if bucket is None:
-            bucket = self._buckets[count] = {}
-        bucket[item] = None
 
     def top(self, n: int | None = None) -> list[Counted[T]]:
         """The ``n`` (None: all) most counted items, most first (ties in the order they reached their count)."""

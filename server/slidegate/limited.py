@@ -39,8 +39,8 @@ Entries = tuple[tuple[str, str], ...]
 
 
 class _Minutes:
-    """One kind of value (over limit, near it) of one rule: a summary per minute of the last SLOTS, made on the
-    first value of its minute; a finished minute's shown form is kept (it no longer changes)."""
+    """One kind of value (over limit, near it) of one rule: a summary per minute of the last SLOTS, made as its
+    minute starts; a finished minute's shown form is kept (it no longer changes)."""
 
     __slots__ = ("_shown", "minutes", "summaries")
 
@@ -49,20 +49,21 @@ class _Minutes:
         self.minutes = [-1] * SLOTS
         self._shown: dict[int, dict[str, Any]] = {}
 
-    def add(self, minute: int, entries: Entries, capacity: int) -> None:
+    def current(self, minute: int, capacity: int) -> SpaceSaving[Entries]:
+        """The summary of ``minute``, made when it is not there yet."""
         slot = minute % SLOTS
         summary = self.summaries[slot]
         if summary is None or self.minutes[slot] != minute:
             summary = self.summaries[slot] = SpaceSaving(capacity)
             self.minutes[slot] = minute
-        summary.add(entries)
+        return summary
 
     def shown(self, minute: int, show: Callable[[Entries], str]) -> list[dict[str, Any]]:
         """The summaries of the last SLOTS minutes up to ``minute``, values as ``show`` shows them."""
         out = []
         for slot, summary in enumerate(self.summaries):
             at = self.minutes[slot]
-            if summary is None or not minute - SLOTS < at <= minute:
+            if summary is None or not summary or not minute - SLOTS < at <= minute:
                 continue
             kept = self._shown.get(at)
             if kept is None:
@@ -80,10 +81,11 @@ class _Tally:
     """One rule's counts: those of the current tick (``decided``, ``overs``, ``nears``, what the watcher adds to)
     and a ring of POINTS per series, by tick, for the ticks before; and its values."""
 
-    __slots__ = ("decided", "decisions", "domain", "limit", "name", "near", "near_below", "near_values", "nears",
-                 "over", "over_values", "overs", "shadow", "source")
+    __slots__ = ("decided", "decisions", "domain", "limit", "name", "near", "near_below", "near_now", "near_values",
+                 "nears", "over", "over_now", "over_values", "overs", "shadow", "source")
 
-    def __init__(self, domain: str, rule: DescriptorNode, limit: RateLimit, near_limit_ratio: float) -> None:
+    def __init__(self, domain: str, rule: DescriptorNode, limit: RateLimit, near_limit_ratio: float,
+                 minute: int, capacity: int) -> None:
         self.domain, self.name, self.source, self.limit = domain, rule_name(rule), rule.source, limit
         self.shadow = rule.shadow_mode
         # near: more than the near threshold used, that is fewer than this many remaining
@@ -91,6 +93,12 @@ class _Tally:
         self.decided = self.overs = self.nears = 0
         self.decisions, self.over, self.near = [0] * POINTS, [0] * POINTS, [0] * POINTS
         self.over_values, self.near_values = _Minutes(), _Minutes()
+        self.turn(minute, capacity)
+
+    def turn(self, minute: int, capacity: int) -> None:
+        """Count the values from now on in ``minute``'s summaries."""
+        self.over_now = self.over_values.current(minute, capacity)
+        self.near_now = self.near_values.current(minute, capacity)
 
     def close(self, point: int, passed: range) -> None:
         """The current tick's counts to ``point``, and the ``passed`` points cleared."""
@@ -113,7 +121,7 @@ class _Tally:
 _UNCOUNTED = _Tally.__new__(_Tally)
 _UNCOUNTED.decided = _UNCOUNTED.overs = _UNCOUNTED.nears = 0
 _UNCOUNTED.near_below = -1
-_UNCOUNTED.over_values = _UNCOUNTED.near_values = _Minutes()  # bounded as any; never over without a limit
+_UNCOUNTED.over_now = _UNCOUNTED.near_now = SpaceSaving(1)  # bounded as any; never over without a limit
 
 
 class TopLimited:
@@ -146,13 +154,11 @@ class TopLimited:
             if status.over:
                 tally.overs += 1
                 if self._keep:
-                    tally.over_values.add(self.tick // TICKS_PER_MINUTE, decision.prepared.descriptors[index].entries,
-                                          self.capacity)
+                    tally.over_now.add(decision.prepared.descriptors[index].entries)
             elif status.remaining < tally.near_below:
                 tally.nears += 1
                 if self._keep:
-                    tally.near_values.add(self.tick // TICKS_PER_MINUTE, decision.prepared.descriptors[index].entries,
-                                          self.capacity)
+                    tally.near_now.add(decision.prepared.descriptors[index].entries)
 
     def _tally(self, decision: Decision, rule: DescriptorNode, limit: RateLimit | None) -> _Tally:
         """The rule's tally: the one of the same domain and name (a reload keeps its history), else a new one."""
@@ -160,7 +166,7 @@ class TopLimited:
             self._by_rule[id(rule)] = _UNCOUNTED
             return _UNCOUNTED
         domain = decision.domain
-        tally = _Tally(domain, rule, limit, self._ratio)
+        tally = _Tally(domain, rule, limit, self._ratio, self.tick // TICKS_PER_MINUTE, self.capacity)
         tally = self._tallies.setdefault((domain, tally.name), tally)
         tally.limit, tally.source, tally.shadow = limit, rule.source, rule.shadow_mode
         self._by_rule[id(rule)] = tally
@@ -172,8 +178,11 @@ class TopLimited:
         if tick <= self.tick:
             return
         passed = range(self.tick + 1, min(tick, self.tick + POINTS) + 1)
+        minute = tick // TICKS_PER_MINUTE
         for tally in self._tallies.values():
             tally.close(self.tick % POINTS, passed)
+            if minute != self.tick // TICKS_PER_MINUTE:
+                tally.turn(minute, self.capacity)
         self.tick = tick
         idle = [key for key, tally in self._tallies.items() if tally.idle()]
         if idle:
