@@ -51,7 +51,11 @@ class OverLimitLog:
         if config is not self._config:
             self._flush(now, every=True)
             self._rules, self._config = {}, config
-        for descriptor, status in decision.rejecting():
+        statuses = decision.statuses
+        # a request of one descriptor rejected was rejected by it (most of an attack): no scan of the statuses
+        rejecting = (((decision.prepared.descriptors[0], statuses[0]),) if len(statuses) == 1
+                     else decision.rejecting())
+        for descriptor, status in rejecting:
             # a rule by itself (its config is the current one, and keeps it alive), an override by its keys
             key = id(status.rule) if status.rule is not None else tuple(k for k, _ in descriptor.entries)
             tally = self._rules.get(key)
