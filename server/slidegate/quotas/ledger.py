@@ -13,14 +13,17 @@ because the ledger never books more than the limit:
 - a holder's *share* s becomes a token bucket of a small burst m and a refill t per window W, m + t = s:
   Envoy's bucket starts full and refills continuously, so it admits at most s in any window (``bucket_for``);
 - a bucket that replaces another starts, in Envoy 1.40, at the old one's fill ratio rounded down and refills
-  at its own rate from then on: the two admit at most the larger burst and the larger refill in a window. A
-  holder that grows gets a bucket no smaller in either, and books its new share; one that shrinks books the
-  old burst and its old refill's excess as the old bucket leaves the window (``Holder.holds``), and changes
-  no more until it has. Envoy may use the old bucket until the new assignment reaches it (SLACK_MS);
+  at its own rate from then on: in a window the two admit at most the larger burst, the old refill for the
+  part of the window before the switch and the new one after. A holder that shrinks books the old refill's
+  excess as the old bucket leaves the window; one that grows (or gets its first bucket) books its new refill
+  as it comes in, and may have more than the room free now where others' bookings leave the window as its
+  own comes in (``Holder.booking``, ``_free``, ``_share``). Either changes no more until its booking is flat
+  again. Envoy may use the old bucket until the new assignment reaches it (SLACK_MS);
 - a bucket that ends (for a DENY_ALL, or its holder gone: its stream closed, or its replica silent for
   LEASE_MS) stays booked as *retired* while it can count: what it was reported to admit in the window and
   what it may still let through until its TTL runs out (``left``), never more than what it booked;
-- a new share is granted only from what the limit leaves after every other holder and retired booking.
+- a new share is granted only where it fits, in every window ending from now on, in what the limit leaves
+  after every other holder and retired booking.
 
 Which holder gets how much: in proportion to its demand (requests allowed and denied per second, each report
 moving it a quarter of the way), each holder weighing at least a tenth of the mean, so an idle Envoy holds
@@ -161,10 +164,10 @@ def _left(h: Holder, now: int, window_ms: int) -> int:
 def _gone(h: Holder, until: int, now: int, window_ms: int) -> Retired:
     """``h``'s bucket once nothing replaces it: Envoy may enforce it until ``until`` (when its assignment's TTL
     runs out), so what it held at its last report and refills until then (and SLACK_MS more) stays booked, with
-    its reports, at most the largest share it and the buckets it replaced hold (``Holder.holds``)."""
+    its reports, at most the largest share it and the buckets it replaced hold (``Holder.most``)."""
     since = h.since if h.fresh == 1 else h.reported
     left = h.level + _refill(h.t, until + SLACK_MS - since, h.m, window_ms)
-    return Retired(-(-h.holds(now, window_ms) // 1000), left, until, h.reports)
+    return Retired(-(-h.most(now, window_ms) // 1000), left, until, h.reports)
 
 
 def _tidy(state: dict[str, str], holder: str, now: int, window_ms: int) -> None:
@@ -194,8 +197,9 @@ def report(state: dict[str, str], limit: int, window_ms: int, holder: str, allow
     _take_usage(h, allowed, denied, elapsed_ms, now, window_ms)
     name = "h:" + holder
     state[name] = h.encode()
-    others, demands, waiting = _others(state, name, now, window_ms)
-    return _grant(state, name, h, (limit, window_ms, _target(limit, demands, h.demand)), others, waiting, now)
+    others, retired, demands, waiting = _others(state, name, now, window_ms)
+    free = _free(others, retired, limit, now, window_ms)
+    return _grant(state, name, h, (limit, window_ms, _target(limit, demands, h.demand)), free, waiting, now)
 
 
 def _target(limit: int, demands: list[int], mine: int) -> int:
@@ -238,13 +242,17 @@ def _take_usage(h: Holder, allowed: int, denied: int, elapsed_ms: int, now: int,
     if h.share > 0 and allowed > 0:  # what a holder lets through before its first bucket is not booked
         h.reports.append((now, allowed))
     h.reports = keep_reports(h.reports, now, window_ms)
-    # demand: the reports' rates, each moving it a quarter of the way (a lull does not give the share away at
-    # once, nor does a report's noise); not known from a new bucket's first report (its one request, at once)
+    # demand: the reports' rates, each moving it a quarter of the way (a report's noise does not move shares),
+    # none at once for a report of none (an Envoy whose clients went gives its share back); not known from a
+    # new bucket's first report (its one request, at once), nor moved by a report of under a second
     rate = min(MAX_COUNT, math.floor(float(allowed + denied) * 1000000 / max(elapsed_ms, 1000)))
-    if elapsed_ms == 0 and h.seen == now and h.demand == 0 and h.m == 0:
-        h.demand = UNKNOWN
+    if elapsed_ms == 0:
+        if h.seen == now and h.demand == 0 and h.m == 0:
+            h.demand = UNKNOWN
+    elif h.demand == UNKNOWN or rate == 0:
+        h.demand = rate
     else:
-        h.demand = rate if h.demand == UNKNOWN else h.demand + (rate - h.demand) // 4
+        h.demand += (rate - h.demand) // 4
     h.reported, h.seen = now, now
 
 
@@ -264,48 +272,84 @@ def _level(h: Holder, allowed: int, denied: int, elapsed_ms: int, now: int, wind
     return level
 
 
-def _others(state: dict[str, str], name: str, now: int, window_ms: int) -> tuple[int, list[int], bool]:
-    """What every holder but ``name`` and every retired bucket books (mt), every holder's demand, and whether
+def _others(state: dict[str, str], name: str, now: int, window_ms: int) -> tuple[list[Holder], int, list[int], bool]:
+    """Every holder but ``name``, what the retired buckets book now (mt), every holder's demand, and whether
     another holder has no share (waits for room)."""
     demands: list[int] = []
-    others = 0
+    others: list[Holder] = []
     waiting = False
     for other in sorted(n for n in state if n.startswith("h:")):
         o = Holder.decode(state[other])
         demands.append(o.demand)
         if other != name:
-            others += o.holds(now, window_ms)
+            others.append(o)
             waiting = waiting or o.share == 0
-    for retired in sorted((n for n in state if n.startswith("r:")), key=lambda n: int(n[2:])):
-        others += Retired.decode(state[retired]).booked(now, window_ms)
-    return others, demands, waiting
+    retired = 0
+    for entry in sorted((n for n in state if n.startswith("r:")), key=lambda n: int(n[2:])):
+        retired += Retired.decode(state[entry]).booked(now, window_ms)
+    return others, retired, demands, waiting
 
 
-def _grant(state: dict[str, str], name: str, h: Holder, quota: tuple[int, int, int], others: int, waiting: bool,
-           now: int) -> Assignment:
-    """``h``'s bucket from now on, in a quota of (limit, window, ``h``'s target share): a new one of at most the
-    target when its share is to change and the limit has room, else the same. A token bucket that replaces a
-    larger one is booked with it (``Holder.holds``); one that ends for a DENY_ALL is booked as retired."""
+def _free(others: list[Holder], retired: int, limit: int, now: int, window_ms: int) -> list[tuple[int, int]]:
+    """What the limit leaves (mt) in windows ending from now on, after ``others`` and the ``retired`` bookings
+    (as they are now: they only go down): (ms from now, free) now, a window on, and where another holder's
+    booking turns (between those it is straight, so these bound it everywhere), in time order."""
+    points = {now, now + window_ms}
+    for o in others:
+        if o.replacing(now, window_ms):
+            points.update(x for x in o.turns(window_ms) if x > now)
+    return [(x - now, limit * 1000 - retired - sum(o.booking(x, window_ms) for o in others))
+            for x in sorted(points)]
+
+
+def _grant(state: dict[str, str], name: str, h: Holder, quota: tuple[int, int, int], free: list[tuple[int, int]],
+           waiting: bool, now: int) -> Assignment:
+    """``h``'s bucket from now on, in a quota of (limit, window, ``h``'s target share), with ``free`` as _free
+    says: a new one of at most the target when its share is to change and the limit has room, else the same.
+    A bucket that replaces another, or a first one, is booked as it comes in or the old one leaves the window
+    (``Holder.booking``); one that ends for a DENY_ALL is booked as retired."""
     limit, window_ms, target = quota
-    room = max(0, math.floor((limit * 1000 - others) / 1000))
-    share = min(target, room)
+    share, ramped = _share(h, target, free, limit, window_ms)
     if not _replaces(h, target, share, limit, now, window_ms, waiting):
         return _assignment(h, window_ms)
     candidate = _bucket_after(h, share, limit, window_ms)
     left = _left(h, now, window_ms) if h.share > 0 else 0
     if candidate.denies:
         if h.share > 0:  # Envoy's bucket ends when the DENY_ALL reaches it
-            _retire(state, Retired(-(-h.holds(now, window_ms) // 1000), left, now, h.reports), window_ms)
+            _retire(state, Retired(-(-h.most(now, window_ms) // 1000), left, now, h.reports), window_ms)
         h.reports = []
-    # shrinking, the old burst and refill stay booked as they leave the window; growing, the new bucket's
-    # burst and refill are no smaller (_bucket_after): its share is all it books
-    h.pm, h.pt = (h.m, h.t) if 0 < share < h.share and not candidate.denies else (0, 0)
+        h.pm, h.pt = 0, 0
+    elif share < h.share:  # the old burst and refill leave the window
+        h.pm, h.pt = h.m, h.t
+    elif ramped:  # the new refill comes in (the old one's until then; none after a DENY_ALL)
+        h.pm, h.pt = candidate.max_tokens, h.t if h.share > 0 else 0
+    else:  # the new bucket's burst and refill are no smaller (_bucket_after): its share is all it books
+        h.pm, h.pt = 0, 0
     h.share = 0 if candidate.denies else share
     h.m, h.t = candidate.max_tokens, candidate.tokens_per_fill
     h.since, h.carry, h.fresh = now, left, 1
     h.level = h.m * 1000
     state[name] = h.encode()
     return candidate
+
+
+def _share(h: Holder, target: int, free: list[tuple[int, int]], limit: int, window_ms: int) -> tuple[int, bool]:
+    """The share ``h`` may have, at most ``target``: what is free in every window ending from now on, or more if
+    its new bucket, booked as its refill comes in (``Holder.booking``), fits where the room frees up as it comes;
+    and whether it is the latter."""
+    flat = min(target, max(0, math.floor(min(f for _, f in free) / 1000)))
+    if flat >= target:
+        return flat, False
+    burst = _bucket_after(h, target, limit, window_ms).max_tokens
+    old = h.t if h.share > 0 else 0
+    base = (burst + old) * 1000
+    if burst == 0 or free[0][1] < base:
+        return flat, False
+    # in the windows to come, the old refill at least (as long as the new one comes in) and the new one's excess
+    # as it comes in
+    more = min(math.floor(float(f - base) * window_ms / min(d, window_ms) / 1000) for d, f in free if d > 0)
+    ramp = min(target, burst + old + more)
+    return (ramp, True) if ramp > flat else (flat, False)
 
 
 def _replaces(h: Holder, target: int, share: int, limit: int, now: int, window_ms: int, waiting: bool) -> bool:
@@ -327,7 +371,7 @@ def _replaces(h: Holder, target: int, share: int, limit: int, now: int, window_m
 def _bucket_after(h: Holder, share: int, limit: int, window_ms: int) -> Assignment:
     """The bucket of ``share`` to replace ``h``'s: after a token bucket, a burst grown by no more than the share
     (so the refill does not shrink as it grows, and what the two book stays the larger share, see
-    Holder.holds); after none, or a DENY_ALL, a full one of burst_for(share)."""
+    Holder.booking); after none, or a DENY_ALL, a full one of burst_for(share)."""
     if h.share <= 0:
         return bucket_for(share, limit, window_ms)
     return bucket_for(share, limit, window_ms, burst=h.m + max(0, share - h.share))
@@ -366,12 +410,13 @@ def _book_unsure(state: dict[str, str], share: int, now: int, window_ms: int) ->
 
 def booked(state: dict[str, str], window_ms: int, now: int) -> int:
     """Everything the ledger books at ``now`` (mt). Grants keep it within the limit; it may go above only by
-    what release and detach book as unsure, and by merged retired bookings (each counted whole until the later
-    end): both over-count, so new shares wait longer."""
+    what release and detach book as unsure, by merged retired bookings (each counted whole until the later end)
+    and by the bucket of a holder gone while its booking went down (booked as it was then, until it can no
+    longer count): all over-count, so new shares wait longer."""
     total = 0
     for name, text in state.items():
         if name.startswith("h:"):
-            total += Holder.decode(text).holds(now, window_ms)
+            total += Holder.decode(text).booking(now, window_ms)
         elif name.startswith("r:"):
             total += Retired.decode(text).booked(now, window_ms)
     return total
