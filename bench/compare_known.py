@@ -80,6 +80,9 @@ KNOWN = (
     Known("slidegate's own metadata", "**The dynamic metadata adds `statuses` and `rejectedBy`**",
           lambda seen: seen.b is None and seen.path.startswith(("dynamic_metadata.statuses",
                                                                   "dynamic_metadata.rejectedBy"))),
+    Known("an override's limit spaced alike", "**An override's `limit` in the dynamic metadata is spaced alike",
+          lambda seen: seen.path.startswith("dynamic_metadata.descriptors[") and seen.path.endswith("].limit")
+          and isinstance(seen.a, str) and isinstance(seen.b, str) and seen.a.split() == seen.b.split()),
     Known("INVALID_ARGUMENT", "**A request that cannot be decided is `INVALID_ARGUMENT`**",
           lambda seen: seen.path == "grpc_error" and (seen.a, seen.b) == ("INVALID_ARGUMENT", "UNKNOWN")),
     Known("/json prints zeros", "**`/json` prints every field**",

@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 import grpc
+from google.protobuf import json_format
 
 from slidegate import __version__
 from slidegate import simulate as simulation
@@ -107,7 +108,7 @@ def explain(request_file: Any, **flags: str | None) -> None:
     try:
         settings = Settings.load(os.environ, flags)
         answer = asyncio.run(explain_request(settings, request_file.read().decode("utf-8")))
-    except (SettingsError, ConfigError, ValueError, OSError) as exc:  # json's and protobuf's errors included
+    except (SettingsError, ConfigError, ValueError, OSError, json_format.Error) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     click.echo(json.dumps(answer, indent=2))

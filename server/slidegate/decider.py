@@ -48,6 +48,7 @@ PREPARED_MAX_ENTRIES = 32
 Undecided = InvalidRequest | InvalidOverride | BackendUnavailable | NoConfigLoaded
 UNDECIDED = (InvalidRequest, InvalidOverride, BackendUnavailable, NoConfigLoaded)
 _tuple_new = tuple.__new__
+RULE_NAME_CHARS = 200  # of an override's name (rule_of)
 
 
 class Refused(Enum):
@@ -162,7 +163,8 @@ def rule_of(descriptor: Descriptor, status: Status) -> str:
     by its descriptor's keys, its values left out (they are the caller's)."""
     if status.rule is not None:
         return rule_name(status.rule)
-    return "override of " + ".".join(printable(key) for key, _ in descriptor.entries)
+    # cut short: a caller's keys may be any length, and the name goes into logs, headers and metadata
+    return ("override of " + ".".join(printable(key) for key, _ in descriptor.entries))[:RULE_NAME_CHARS]
 
 
 def check_shape(domain: str, descriptors: Sequence[Descriptor]) -> None:

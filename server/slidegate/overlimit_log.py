@@ -57,7 +57,7 @@ class OverLimitLog:
                      else decision.rejecting())
         for descriptor, status in rejecting:
             # a rule by itself (its config is the current one, and keeps it alive), an override by its keys
-            key = id(status.rule) if status.rule is not None else tuple(k for k, _ in descriptor.entries)
+            key = id(status.rule) if status.rule is not None else rule_of(descriptor, status)  # cut short
             tally = self._rules.get(key)
             if tally is None:
                 if len(self._rules) >= MAX_RULES:
@@ -78,7 +78,9 @@ class OverLimitLog:
                 self._later()
 
     def _write(self, tally: _Tally, now: float) -> None:
-        sample = printable(",".join(f"{k}={v}" for k, v in tally.sample))[:SAMPLE_CHARS]
+        # control characters escaped: a caller's value must not start a log line of its own
+        sample = printable(",".join(f"{k}={v}" for k, v in tally.sample)).encode("unicode_escape").decode(
+            "ascii")[:SAMPLE_CHARS]
         log.info("over limit: rule %s rejected %d request%s in the last %.0f s, the latest with descriptor %s",
                  tally.name, tally.denied, "" if tally.denied == 1 else "s", min(now - tally.last_line, self._interval),
                  sample, extra={"rule": tally.name, "denied": tally.denied, "descriptor": sample})
