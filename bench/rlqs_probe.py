@@ -1,8 +1,7 @@
 """What Envoy 1.40's quota filter does with a token bucket assignment that replaces another, probed with a
 scripted RLQS server (tests/rlqs_rig.py): one Envoy, one bucket asked 4 requests a second, and at each of its
 reports (5 s apart) an assignment from PLAN. Prints what Envoy admitted between two reports beside what each
-answer was, so that whether a new bucket starts full, empty or with the old one's tokens can be read off; and a full
-bucket replaced while idle.
+answer was, so that whether a new bucket starts full, empty or with the old one's tokens can be read off.
 
 Usage: python bench/rlqs_probe.py
 """
@@ -54,29 +53,7 @@ def answer(bucket_id: rlqs_pb2.BucketId, step: tuple[int, int, int, int] | str) 
     return reply
 
 
-def full_bucket_replaced() -> None:
-    """A full bucket (20, idle) replaced by (25, 1 per 10 s), then 20 requests a second for 3 s: how many pass."""
-    plan = [(20, 1, 10, 60)] * 3 + [(25, 1, 10, 60)] * 3
-    counts: dict[int, int] = {}
-
-    def script(envoy: int, at: float, report: rlqs_pb2.RateLimitQuotaUsageReports) -> Response | None:
-        n = counts[envoy] = counts.get(envoy, 0) + 1
-        return answer(report.bucket_quota_usages[0].bucket_id, plan[n - 1]) if n <= len(plan) else None
-
-    with rig("domain: rig\n", script) as run:
-        envoy, who = run.envoy(), user()
-        run.send(envoy, who, 1.0, run.now(), run.now() + 0.5).join()  # the bucket's first request
-        while counts.get(0, 0) < 4:  # idle until the fourth report's answer replaced the full bucket
-            time.sleep(0.05)
-        time.sleep(0.5)
-        start = run.now()
-        run.send(envoy, who, 20.0, start, start + 3).join()
-        print(f"a full (20, 1/10s) bucket replaced by (25, 1/10s): {len(run.admitted[(0, who)]) - 1} of 60 "
-              "admitted in 3 s")
-
-
 def main() -> None:
-    full_bucket_replaced()
     counts: dict[int, int] = {}
 
     def script(envoy: int, at: float, report: rlqs_pb2.RateLimitQuotaUsageReports) -> Response | None:

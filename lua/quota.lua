@@ -16,8 +16,7 @@ local REPORT_INTERVAL_MS = 5000
 local TTL_MS = 3 * REPORT_INTERVAL_MS
 local SLACK_MS = 2000
 local LEASE_MS = 3 * REPORT_INTERVAL_MS
-local SETTLE_MS = REPORT_INTERVAL_MS / 2
-local UNKNOWN = -1
+local SETTLE_MS = 60000
 local MAX_REPORTS = 16
 local MAX_RETIRED = 32
 local MAX_COUNT = 4294967296  -- 2^32
@@ -61,13 +60,12 @@ local function decode_holder(text)
   local n = split(parts[1], ' ')
   for i = 1, #n do n[i] = tonumber(n[i]) end
   return {share = n[1], m = n[2], t = n[3], since = n[4], reported = n[5], level = n[6], carry = n[7],
-          fresh = n[8], demand = n[9], seen = n[10], reports = decode_reports(parts[2]), owner = parts[3] or '',
-          pm = n[11] or 0, pt = n[12] or 0}
+          fresh = n[8], demand = n[9], seen = n[10], reports = decode_reports(parts[2]), owner = parts[3] or ''}
 end
 
 local function encode_holder(h)
   return table.concat({fmt(h.share), fmt(h.m), fmt(h.t), fmt(h.since), fmt(h.reported), fmt(h.level),
-                       fmt(h.carry), fmt(h.fresh), fmt(h.demand), fmt(h.seen), fmt(h.pm), fmt(h.pt)}, ' ') .. '|' ..
+                       fmt(h.carry), fmt(h.fresh), fmt(h.demand), fmt(h.seen)}, ' ') .. '|' ..
          encode_reports(h.reports) .. '|' .. h.owner
 end
 
@@ -127,48 +125,26 @@ local function refill(t, elapsed, m, window)
   return math.floor(t * 1000 * elapsed / window) + 1
 end
 
-local function burst_for(share)
-  return math.min(share - 1, math.max(2, math.ceil(share / 20)))
-end
-
-local function bucket_for(share, limit, window, burst)
+local function bucket_for(share, limit, window, shift)
   if share <= 0 or (share == 1 and limit > 1) then return {0, 0, 0} end
-  if share == 1 then return {1, 1, 2 * window} end
-  local m = burst_for(share)
-  if burst > 0 then m = math.min(burst, m) end
-  return {m, share - m, window}
-end
-
--- ledger.py's Holder.replacing, Holder.booking (mt), Holder.most and Holder.turns
-local function replacing(h, now, window)
-  return h.pm > 0 and now < h.since + SLACK_MS + window
-end
-
-local function booking(h, x, window)
-  if not replacing(h, x, window) then return h.share * 1000 end
-  if h.pt > h.t then
-    local rest = math.min(window, h.since + SLACK_MS + window - x)
-    local ramp = math.ceil((h.pt - h.t) * 1000 * rest / window)
-    return math.max(h.share * 1000, (h.pm + h.t) * 1000 + ramp)
+  if share == 1 then
+    if shift > 0 then return {0, 0, 0} end
+    return {1, 1, 2 * window}
   end
-  local passed = math.min(window, x - h.since)
-  local ramp = math.ceil((h.t - h.pt) * 1000 * passed / window)
-  return math.min(h.share * 1000, (h.pm + h.pt) * 1000 + ramp)
-end
-
-local function most(h, now, window)
-  if h.pt > h.t then return booking(h, now, window) end
-  return h.share * 1000
-end
-
-local function turns(h, window)
-  return {h.since + SLACK_MS, h.since + window, h.since + SLACK_MS + window}
+  local part = math.min(share - 1, math.max(1, math.floor(share * REPORT_INTERVAL_MS / (REPORT_INTERVAL_MS + window) + 0.5)))
+  part = part + shift
+  if part > share - 1 then return {0, 0, 0} end
+  return {share - part, part, window}
 end
 
 local function assignment_of(h, window)
   if h.m == 0 then return {0, 0, 0} end
   if h.share == 1 then return {1, 1, 2 * window} end
   return {h.m, h.t, window}
+end
+
+local function same(a, b)
+  return a[1] == b[1] and a[2] == b[2] and a[3] == b[3]
 end
 
 -- the ledger: field -> value (read whole by load, which every op but a release or detach that retires nothing
@@ -243,11 +219,11 @@ local function left_of(h, now, window)
   return h.level + refill(h.t, now - h.reported + SLACK_MS, h.m, window)
 end
 
-local function gone(h, till, now, window)
+local function gone(h, till, window)
   local since = h.reported
   if h.fresh == 1 then since = h.since end
-  return {share = math.ceil(most(h, now, window) / 1000),
-          left = h.level + refill(h.t, till + SLACK_MS - since, h.m, window), ended = till, reports = h.reports}
+  return {share = h.share, left = h.level + refill(h.t, till + SLACK_MS - since, h.m, window), ended = till,
+          reports = h.reports}
 end
 
 local function tidy(holder, now, window)
@@ -259,7 +235,7 @@ local function tidy(holder, now, window)
       local h = decode_holder(state[name])
       if now - h.seen >= LEASE_MS then
         drop(name)
-        if h.share > 0 then retire(gone(h, h.seen + TTL_MS, now, window), window) end
+        if h.share > 0 then retire(gone(h, h.seen + TTL_MS, window), window) end
       end
     end
   end
@@ -283,7 +259,7 @@ if op == 'booked' then
   local total = 0
   for name, text in pairs(state) do
     if string.sub(name, 1, 2) == 'h:' then
-      total = total + booking(decode_holder(text), now, window)
+      total = total + decode_holder(text).share * 1000
     elseif string.sub(name, 1, 2) == 'r:' then
       total = total + booked_by(decode_retired(text), now, window)
     end
@@ -308,7 +284,7 @@ if op == 'release' then
   if (h and h.share > 0) or unsure > 0 then load() end
   if h then
     drop(name)
-    if h.share > 0 then retire(gone(h, now + TTL_MS, now, window), window) end
+    if h.share > 0 then retire(gone(h, now + TTL_MS, window), window) end
   end
   book_unsure(unsure)
   redis.call('PEXPIRE', key, fmt(lifetime))
@@ -343,12 +319,12 @@ if h and h.owner ~= '' and h.owner ~= owner and now - h.seen < LEASE_MS then ret
 local restarted = h and h.owner ~= owner and elapsed == 0
 if h and (now - h.seen >= TTL_MS - SLACK_MS or restarted) then
   drop(name)
-  if h.share > 0 then retire(gone(h, h.seen + TTL_MS, now, window), window) end
+  if h.share > 0 then retire(gone(h, h.seen + TTL_MS, window), window) end
   h = nil
 end
 if not h then
   h = {share = 0, m = 0, t = 0, since = now, reported = now, level = 0, carry = 0, fresh = 0, demand = 0,
-       seen = now, reports = {}, owner = owner, pm = 0, pt = 0}
+       seen = now, reports = {}, owner = owner}
 end
 h.owner = owner
 local level
@@ -367,128 +343,59 @@ h.fresh, h.carry = 0, 0
 if h.share > 0 and allowed > 0 then h.reports[#h.reports + 1] = {now, allowed} end
 h.reports = keep_reports(h.reports, now, window)
 local rate = math.min(MAX_COUNT, math.floor((allowed + denied) * 1000000 / math.max(elapsed, 1000)))
-if elapsed == 0 then
-  if h.seen == now and h.demand == 0 and h.m == 0 then h.demand = UNKNOWN end
-elseif h.demand == UNKNOWN or rate == 0 then
-  h.demand = rate
-else
-  h.demand = h.demand + math.floor((rate - h.demand) / 4)
-end
+h.demand = math.max(rate, math.floor(h.demand / 2))
 h.reported, h.seen = now, now
 put(name, encode_holder(h))
 
-local demands, others, waiting = {}, {}, false
+local demands, others = {}, 0
 for _, other in ipairs(holder_names()) do
   local o = decode_holder(state[other])
   demands[#demands + 1] = o.demand
-  if other ~= name then
-    others[#others + 1] = o
-    waiting = waiting or o.share == 0
-  end
+  if other ~= name then others = others + o.share * 1000 end
 end
-local retired = 0
-for _, entry in ipairs(retired_names()) do
-  retired = retired + booked_by(decode_retired(state[entry]), now, window)
+for _, retired in ipairs(retired_names()) do
+  others = others + booked_by(decode_retired(state[retired]), now, window)
 end
--- ledger.py's _free: {ms from now, free mt} at now, a window on and where another holder's booking turns
-local points, seen_at = {}, {}
-local function point(x)
-  if not seen_at[x] then seen_at[x], points[#points + 1] = true, x end
-end
-point(now)
-point(now + window)
-for _, o in ipairs(others) do
-  if replacing(o, now, window) then
-    for _, x in ipairs(turns(o, window)) do
-      if x > now then point(x) end
-    end
-  end
-end
-table.sort(points)
-local free = {}
-for i, x in ipairs(points) do
-  local used = retired
-  for _, o in ipairs(others) do used = used + booking(o, x, window) end
-  free[i] = {x - now, limit * 1000 - used}
-end
--- ledger.py's _target
-local known_sum, known = 0, 0
-for _, d in ipairs(demands) do
-  if d ~= UNKNOWN then known_sum, known = known_sum + d, known + 1 end
-end
-local guess = 1000
-if known > 0 then guess = math.floor(known_sum / known) end
 local sum = 0
-for i, d in ipairs(demands) do
-  if d == UNKNOWN then demands[i] = guess end
-  sum = sum + demands[i]
-end
-local mine = h.demand
-if mine == UNKNOWN then mine = guess end
+for _, d in ipairs(demands) do sum = sum + d end
 local least = math.max(1, math.floor(sum / #demands / 10))
 local weights = 0
 for _, d in ipairs(demands) do weights = weights + math.max(d, least) end
-local target = math.floor(limit * (math.max(mine, least) / weights))
+local target = math.floor(limit * (math.max(h.demand, least) / weights))
 
--- ledger.py's _bucket_after, _share, _replaces and _grant
-local function bucket_after(share)
-  if h.share <= 0 then return bucket_for(share, limit, window, 0) end
-  return bucket_for(share, limit, window, h.m + math.max(0, share - h.share))
+local left, old = 0, 0
+if h.share > 0 then
+  left = left_of(h, now, window)
+  old = booked_by({share = h.share, left = left, ended = now, reports = h.reports}, now, window)
 end
-local least_free = free[1][2]
-for _, f in ipairs(free) do least_free = math.min(least_free, f[2]) end
-local share = math.min(target, math.max(0, math.floor(least_free / 1000)))
-local ramped = false
-if share < target then
-  local burst = bucket_after(target)[1]
-  local old = 0
-  if h.share > 0 then old = h.t end
-  local base = (burst + old) * 1000
-  if burst > 0 and free[1][2] >= base then
-    local more
-    for _, f in ipairs(free) do
-      if f[1] > 0 then
-        local m = math.floor((f[2] - base) * window / math.min(f[1], window) / 1000)
-        if more == nil or m < more then more = m end
-      end
-    end
-    local ramp = math.min(target, burst + old + more)
-    if ramp > share then share, ramped = ramp, true end
+local room = math.max(0, math.floor((limit * 1000 - others - old) / 1000))
+local share = math.min(target, room)
+local current = assignment_of(h, window)
+local candidate = bucket_for(share, limit, window, 0)
+if same(candidate, current) then
+  candidate = bucket_for(share, limit, window, 1)
+  if candidate[1] == 0 then
+    share = share - 1
+    candidate = bucket_for(share, limit, window, 0)
   end
 end
-local replace = false
-if not replacing(h, now, window) then
-  local shrink = target <= h.share - math.max(1, math.floor(h.share / 5)) or (waiting and target < h.share)
-  if h.share > 0 and shrink then
-    replace = now - h.since >= math.min(window, SETTLE_MS)
-  else
-    replace = share >= h.share + math.max(1, math.floor(h.share / 50)) and not (waiting and h.share > 0)
-              and bucket_for(share, limit, window, 0)[1] > 0
-  end
+local margin = math.max(1, math.floor(h.share / 10))
+local replace
+if h.share > 0 and target <= h.share - margin and now - h.since >= math.min(window, SETTLE_MS) then
+  replace = true
+else
+  local gain = (candidate[1] + candidate[2]) * 1000 - (h.level + h.t * 1000)
+  replace = candidate[1] > 0 and not same(candidate, current) and gain >= margin * 1000
 end
 redis.call('PEXPIRE', key, fmt(lifetime))
-if not replace then return assignment_of(h, window) end
-local candidate = bucket_after(share)
-local left = 0
-if h.share > 0 then left = left_of(h, now, window) end
-if candidate[1] == 0 then
-  if h.share > 0 then
-    retire({share = math.ceil(most(h, now, window) / 1000), left = left, ended = now, reports = h.reports},
-           window)
-  end
-  h.reports = {}
-  h.pm, h.pt = 0, 0
-elseif share < h.share then
-  h.pm, h.pt = h.m, h.t
-elseif ramped then
-  h.pm = candidate[1]
-  if h.share > 0 then h.pt = h.t else h.pt = 0 end
-else
-  h.pm, h.pt = 0, 0
+if not replace then return current end
+if old > 0 then
+  retire({share = h.share, left = left, ended = now, reports = h.reports}, window)
 end
 if candidate[1] == 0 then h.share = 0 else h.share = share end
 h.m, h.t = candidate[1], candidate[2]
 h.since, h.carry, h.fresh = now, left, 1
 h.level = h.m * 1000
+h.reports = {}
 put(name, encode_holder(h))
 return candidate

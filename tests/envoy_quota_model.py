@@ -1,16 +1,14 @@
 """A plain model of Envoy 1.40's quota filter enforcing slidegate's assignments, for simulations: Envoys that
 receive requests, enforce their bucket as the filter does (source/extensions/filters/http/rate_limit_quota/
-global_client_impl.cc: a token bucket that refills continuously at tokens_per_fill per whole-second
-fill_interval; the first, and one after a blanket rule or an expired assignment, starts full; one that replaces
-another token bucket starts at the old one's fill ratio, rounded down to whole tokens; the same max_tokens and
-tokens_per_fill keep the bucket, tokens and refill; an assignment that expires falls back (DENY_ALL here);
+global_client_impl.cc: a token bucket that starts full and refills continuously at tokens_per_fill per
+whole-second fill_interval, kept — tokens and fill interval — when a new assignment's max_tokens and
+tokens_per_fill are unchanged; an assignment that expires falls back (DENY_ALL here) and the next starts full;
 every request allowed before the first assignment), report every 5 s and take the answer a little later.
-Each of these was seen with Envoy 1.40 (bench/rlqs_probe.py; docs/quotas.md, "What Envoy 1.40 does")."""
+Each of these was seen with Envoy 1.40 and a scripted server (docs/quotas.md, "Envoy 1.40 facts")."""
 
 from __future__ import annotations
 
 import heapq
-import math
 import random
 from dataclasses import dataclass, field
 
@@ -38,24 +36,11 @@ class EnvoyBucket:
         self.expire(now)
         old = self.assignment
         self.expires = now + ledger.TTL_MS / 1000
-        if old is None or old.denies or assignment.denies:
-            self.assignment = assignment
-            self.tokens, self.updated = float(assignment.max_tokens), now
-            return
-        if old.max_tokens == assignment.max_tokens and old.tokens_per_fill == assignment.tokens_per_fill:
+        if (old is not None and not old.denies and not assignment.denies and old.max_tokens == assignment.max_tokens
+                and old.tokens_per_fill == assignment.tokens_per_fill):
             return  # the same bucket to Envoy: tokens and fill interval kept (it compares fill_interval's nanos)
-        ratio = self._refilled(now) / old.max_tokens
         self.assignment = assignment
-        self.tokens, self.updated = float(math.floor(assignment.max_tokens * ratio)), now
-
-    def _refilled(self, now: float) -> float:
-        """The token bucket's tokens at ``now`` (refilled up to then)."""
-        a = self.assignment
-        assert a is not None and not a.denies
-        rate = a.tokens_per_fill / (a.fill_interval_ms // 1000)
-        self.tokens = min(float(a.max_tokens), self.tokens + (now - self.updated) * rate)
-        self.updated = now
-        return self.tokens
+        self.tokens, self.updated = float(assignment.max_tokens), now
 
     def expire(self, now: float) -> None:
         if self.assignment is not None and not self.assignment.denies and now >= self.expires:
@@ -69,7 +54,10 @@ class EnvoyBucket:
         elif a.denies:
             admitted, free = False, False
         else:
-            admitted, free = self._refilled(now) >= 1.0, False
+            rate = a.tokens_per_fill / (a.fill_interval_ms // 1000)
+            self.tokens = min(float(a.max_tokens), self.tokens + (now - self.updated) * rate)
+            self.updated = now
+            admitted, free = self.tokens >= 1.0, False
             if admitted:
                 self.tokens -= 1.0
         if admitted:
@@ -97,23 +85,19 @@ def most_in_a_window(times: list[float], window: float) -> int:
 
 
 def simulate(limit: int, window_s: int, rates: list[float], seconds: float, delay: float, seed: int,
-             reconnect_every: float = 0.0, *, spans: list[tuple[float, float]] | None = None,
-             steady: bool = False) -> tuple[list[EnvoyBucket], int]:
-    """Envoys receiving requests at ``rates`` (per second: random arrivals, or evenly spaced with ``steady``;
-    each from ``spans``' start to its end, by default all along) for ``seconds``, reporting every 5 s to one
-    ledger and applying its answers ``delay`` seconds later; with ``reconnect_every``, an Envoy's stream ends
-    and starts again that often (its holder released, a new one reporting). Returns the Envoys' buckets and the
-    most requests admitted, after their first assignment, in any window."""
+             reconnect_every: float = 0.0) -> tuple[list[EnvoyBucket], int]:
+    """Envoys receiving requests at ``rates`` (per second, random arrivals) for ``seconds``, reporting every 5 s
+    to one ledger and applying its answers ``delay`` seconds later; with ``reconnect_every``, an Envoy's stream
+    ends and starts again that often (its holder released, a new one reporting). Returns the Envoys' buckets and
+    the most requests admitted, after their first assignment, in any window."""
     rng = random.Random(seed)
     state: dict[str, str] = {}
     envoys = [EnvoyBucket() for _ in rates]
     names = [f"e{i}-0" for i in range(len(rates))]
-    spans = spans or [(0.0, seconds)] * len(rates)
     events: list[tuple[float, int, str, int, Assignment | None]] = []
     for i, rate in enumerate(rates):
         if rate > 0:
-            first = spans[i][0] + (0.0 if steady else rng.expovariate(rate))
-            heapq.heappush(events, (first, 0, "request", i, None))
+            heapq.heappush(events, (rng.expovariate(rate), 0, "request", i, None))
         if reconnect_every:
             heapq.heappush(events, (rng.uniform(0, reconnect_every), 1, "reconnect", i, None))
     reported: set[int] = set()
@@ -132,9 +116,7 @@ def simulate(limit: int, window_s: int, rates: list[float], seconds: float, dela
                 envoy.allowed = 0
                 heapq.heappush(events, (at + delay, 2, "apply", i, answer))
                 heapq.heappush(events, (at + 5, 3, "report", i, None))
-            gap = 1 / rates[i] if steady else rng.expovariate(rates[i])
-            if at + gap < spans[i][1]:
-                heapq.heappush(events, (at + gap, 0, "request", i, None))
+            heapq.heappush(events, (at + rng.expovariate(rates[i]), 0, "request", i, None))
         elif kind == "report":
             allowed, denied, elapsed = envoy.take_report(at)
             answer = ledger.report(state, limit, window_s * 1000, names[i], allowed, denied, elapsed, now_ms)
@@ -147,7 +129,6 @@ def simulate(limit: int, window_s: int, rates: list[float], seconds: float, dela
             ledger.release(state, window_s * 1000, names[i], now_ms)
             names[i] = names[i].rsplit("-", 1)[0] + f"-{int(at * 1000)}"
             heapq.heappush(events, (at + reconnect_every, 1, "reconnect", i, None))
-        # grants keep the books within the limit; a release may book more, never less (ledger.booked)
-        assert reconnect_every or ledger.booked(state, window_s * 1000, now_ms) <= limit * 1000
+        assert ledger.booked(state, window_s * 1000, now_ms) <= limit * 1000
     counted = sorted(t for e in envoys for t, free in e.admitted_at if not free)
     return envoys, most_in_a_window(counted, window_s)

@@ -54,7 +54,7 @@ def test_a_bucket_that_expired_in_envoy_is_not_answered_again_as_if_envoy_kept_i
     assert envoy.request(0.0)  # before any assignment: not counted
     envoy.apply(ledger.report(state, limit, window, "a", 1, 0, 0, T0), 0.0)
     envoy.take_report(0.0)
-    for i in range(2):  # Envoy uses its burst at once
+    for i in range(4):  # Envoy uses its burst at once
         assert envoy.request(0.1 + i / 100)
     envoy.apply(ledger.report(state, limit, window, "a", *envoy.take_report(5.0), T0 + 5000), 5.0)
     for at in (10.0, 15.0, 20.0):  # the storage is down: Envoy's reports get no answer (their counts are lost)
@@ -711,19 +711,19 @@ async def test_a_config_with_no_domains(quotas: Opener, tmp_path: Path) -> None:
 async def test_a_reload_to_a_new_limit_books_what_the_old_buckets_let_through(quotas: Opener,
                                                                                 write_config: Callable[..., Path]
                                                                                 ) -> None:
-    """A reload from 5 a minute to 6 a minute keys a new ledger, empty: the Envoy that used its 2 tokens a
-    moment ago would get a fresh bucket of 6, so the minute would see 2 + 6 (+ refill) > 6."""
+    """A reload from 5 a minute to 6 a minute keys a new ledger, empty: the Envoy that used its 4 tokens a
+    moment ago gets a fresh bucket of 5, so the minute sees 4 + 5 (+ refill) > 6."""
     app, stream = await quotas()
     s = stream()
     first = actions(await s.report((user("quinn"), 1, 0)))[key(user("quinn"))]
     old = first.quota_assignment_action.rate_limit_strategy.token_bucket
-    assert (old.max_tokens, old.tokens_per_fill.value) == (2, 3)
-    # Envoy lets 2 through, then the config changes
+    assert (old.max_tokens, old.tokens_per_fill.value) == (4, 1)
+    # Envoy lets 4 through, then the config changes
     app.holder.current = load_directory(write_config(CONFIG.replace("requests_per_unit: 5}", "requests_per_unit: 6}")))
-    later = actions(await s.report((user("quinn"), 2, 0)))[key(user("quinn"))]
+    later = actions(await s.report((user("quinn"), 4, 0)))[key(user("quinn"))]
     bucket = later.quota_assignment_action.rate_limit_strategy
     fresh = bucket.token_bucket.max_tokens if bucket.HasField("token_bucket") else 0
-    assert 2 + fresh <= 6, later
+    assert 4 + fresh <= 6, later
 
 
 async def test_ten_thousand_quota_buckets_are_answered_within_slack(quotas: Opener) -> None:

@@ -167,7 +167,7 @@ async def test_garbage_from_an_envoy_that_names_itself_keeps_its_share_for_its_n
         call = raw(channel, "envoy-9")
         await call.write(good_report("eve"))
         first = actions(await answer(call))[key(user("eve"))]
-        assert first.quota_assignment_action.rate_limit_strategy.token_bucket.max_tokens == 2  # 2 + 3 a minute
+        assert first.quota_assignment_action.rate_limit_strategy.token_bucket.max_tokens == 4
         await call.write(GARBAGE["truncated"])
         assert (await ended(call)).code() == grpc.StatusCode.INVALID_ARGUMENT
     await wait_closed(app)
@@ -191,7 +191,7 @@ async def test_many_streams_sharing_buckets_give_every_holder_back_when_they_end
     async with serving(app) as channel:
         first = opened(channel, "first")
         shares = actions(await first.report(*buckets))
-        assert {a.quota_assignment_action.rate_limit_strategy.token_bucket.max_tokens for a in shares.values()} == {2}
+        assert {a.quota_assignment_action.rate_limit_strategy.token_bucket.max_tokens for a in shares.values()} == {4}
         streams = [opened(channel) for _ in range(20)] + [opened(channel, f"other-{n}") for n in range(9)]
         await asyncio.gather(*(s.report(*buckets) for s in streams))
         assert gauge(app, "ratelimit_quota_buckets") == 30 * len(buckets)
@@ -218,7 +218,7 @@ async def reported(storage: RedisQuotas, count: int) -> list[Departure]:
     departures = []
     for i in range(count):
         quota = Quota(f"sgtest-give-back:{i}:quota:5:60000", 5, 60_000)
-        assert await storage.report(quota, f"h{i}", 1, 0, 0, "s1") == Assignment(2, 3, 60_000)
+        assert await storage.report(quota, f"h{i}", 1, 0, 0, "s1") == Assignment(4, 1, 60_000)
         departures.append(Departure(quota, f"h{i}", unsure=i % 3, owner="s1" if i % 2 else ""))
     return departures
 

@@ -46,24 +46,27 @@ def test_a_bucket_admits_at_most_its_share_in_any_window(limit: int, window_ms: 
 def test_a_lone_envoy_gets_the_whole_limit_as_a_burst() -> None:
     state: dict[str, str] = {}
     first = ledger.report(state, 5, 60_000, "a", 1, 0, 0, T0)
-    assert first == Assignment(2, 3, 60_000)  # 4 at once (besides the request before it), 1 more a minute
+    assert first == Assignment(4, 1, 60_000)  # 4 at once (besides the request before it), 1 more a minute
     assert ledger.booked(state, 60_000, T0) == 5000
 
 
-def test_a_newcomer_gets_its_share_within_a_window() -> None:
+def test_a_newcomer_gets_nothing_until_the_limit_has_room() -> None:
     state: dict[str, str] = {}
-    assert ledger.report(state, 5, 60_000, "a", 1, 0, 0, T0) == Assignment(2, 3, 60_000)
+    assert ledger.report(state, 5, 60_000, "a", 1, 0, 0, T0) == Assignment(4, 1, 60_000)
     assert ledger.report(state, 5, 60_000, "b", 1, 0, 0, T0 + 1000).denies
-    # both keep asking: a is shrunk at its next report, and what its larger bucket may still let through stays
-    # booked as it leaves the window; b gets the room as it frees up
+    ledger.report(state, 5, 60_000, "a", 4, 10, 5000, T0 + 5000)
+    # both keep asking: a keeps its bucket for a window (shrunk at once, what it may still let through would stay
+    # booked and nobody would get anything); then a is shrunk, and what it let through stays booked for a window
     shared_at = None
-    for now in range(T0 + 5000, T0 + 200_000, 5000):
+    for now in range(T0 + 10_000, T0 + 200_000, 5000):
         a = ledger.report(state, 5, 60_000, "a", 0, 10, 5000, now)
         b = ledger.report(state, 5, 60_000, "b", 0, 10, 5000, now + 1000)
+        if now < T0 + ledger.SETTLE_MS:
+            assert a == Assignment(4, 1, 60_000) and b.denies, now
         if shared_at is None and not a.denies and not b.denies:
             shared_at = now
         assert ledger.booked(state, 60_000, now + 1000) <= 5000
-    assert shared_at is not None and shared_at <= T0 + 60_000 + ledger.SLACK_MS + 10_000, shared_at
+    assert shared_at is not None and shared_at <= T0 + 2 * 60_000 + 10_000, shared_at
 
 
 def test_a_released_holder_stays_booked_until_its_ttl_and_a_window_passed() -> None:
@@ -156,19 +159,18 @@ def test_a_busy_envoy_gets_most_of_the_limit_and_an_idle_one_little() -> None:
     assert most <= 100
     busy = sum(1 for t, free in envoys[0].admitted_at if not free and t > 120)
     idle = sum(1 for t, free in envoys[1].admitted_at if not free and t > 120)
-    # 480 s at 100 a minute is 800: the busy Envoy gets most of it, the idle one (0.2/s: 0.4% of the demand)
-    # what a tenth of the mean demand weighs, a few a minute
-    assert busy >= 0.85 * 800, busy
-    assert idle >= 8, idle
+    # 480 s at 100 a minute is 800: the busy Envoy gets most of it, the idle one what it asks (0.2/s)
+    assert busy >= 0.7 * 800, busy
+    assert idle >= 0.4 * 0.2 * 480, idle
 
 
 async def test_memory_quotas_keep_the_ledgers_books() -> None:
     now = [T0]
     quotas = MemoryQuotas(clock=lambda: now[0])
     quota = Quota("q", 5, 60_000)
-    assert await quotas.report(quota, "a", 1, 0, 0, "s1") == Assignment(2, 3, 60_000)
+    assert await quotas.report(quota, "a", 1, 0, 0, "s1") == Assignment(4, 1, 60_000)
     assert await quotas.booked(quota) == 5000
     await quotas.release(quota, "a")
     now[0] += ledger.LEASE_MS + ledger.TTL_MS + ledger.SLACK_MS + 60_000
     assert await quotas.booked(quota) == 0
-    assert quotas.state("q") == {} or await quotas.report(quota, "b", 1, 0, 0, "s2") == Assignment(2, 3, 60_000)
+    assert quotas.state("q") == {} or await quotas.report(quota, "b", 1, 0, 0, "s2") == Assignment(4, 1, 60_000)

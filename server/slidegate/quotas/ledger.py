@@ -10,32 +10,33 @@ The guarantee: in any window of the limit's length, the Envoys together admit at
 requests an Envoy lets through before its first assignment arrives (its no_assignment_behavior). It holds
 because the ledger never books more than the limit:
 
-- a holder's *share* s becomes a token bucket of a small burst m and a refill t per window W, m + t = s:
-  Envoy's bucket starts full and refills continuously, so it admits at most s in any window (``bucket_for``);
-- a bucket that replaces another starts, in Envoy 1.40, at the old one's fill ratio rounded down and refills
-  at its own rate from then on: in a window the two admit at most the larger burst, the old refill for the
-  part of the window before the switch and the new one after. A holder that shrinks books the old refill's
-  excess as the old bucket leaves the window; one that grows (or gets its first bucket) books its new refill
-  as it comes in, and may have more than the room free now where others' bookings leave the window as its
-  own comes in (``Holder.booking``, ``_free``, ``_share``). Either changes no more until its booking is flat
-  again. Envoy may use the old bucket until the new assignment reaches it (SLACK_MS);
-- a bucket that ends (for a DENY_ALL, or its holder gone: its stream closed, or its replica silent for
-  LEASE_MS) stays booked as *retired* while it can count: what it was reported to admit in the window and
-  what it may still let through until its TTL runs out (``left``), never more than what it booked;
-- a new share is granted only where it fits, in every window ending from now on, in what the limit leaves
-  after every other holder and retired booking.
+- a holder's *share* s becomes a token bucket of max_tokens m and tokens_per_fill t per window W, with
+  m + t = s: Envoy's bucket starts full and refills continuously, so it admits at most m + t = s in any
+  window (``bucket_for``);
+- when a holder's bucket is replaced (a new share, or a fresh bucket for a holder that used its own), the old
+  bucket stays booked as *retired* for as long as it can still count in a window: what it was reported to
+  admit in the last window, plus what it may still have held when it was replaced (``left``: the reports
+  bound its level from above), never more than its share. Envoy may use the old bucket until the new
+  assignment reaches it (allowed for: SLACK_MS);
+- a holder that goes away (its stream closed, or its replica stopped reporting for LEASE_MS) may still be
+  enforced by its Envoy until the assignment's TTL runs out: its whole share stays booked until then, and a
+  window longer;
+- a new share is granted only from what the limit leaves after every other holder's share and every retired
+  booking.
 
-Which holder gets how much: in proportion to its demand (requests allowed and denied per second, each report
-moving it a quarter of the way), each holder weighing at least a tenth of the mean, so an idle Envoy holds
-little and a busy one is not starved. A holder shrinks when its part falls a fifth below its share (or at all
-while another waits with none), once a report said what its Envoy asks; it grows into room as it frees up,
-holders with none first. Since Envoy keeps a bucket whose max_tokens and tokens_per_fill are unchanged, and
-starts a different one at the old one's ratio, the share is carried by the refill and never "refreshed". A
-report also bounds what a bucket holds: what it was sent plus its refill, less what it let through, and below
-one token plus the refill since when it denied a request.
+Which holder gets how much: in proportion to its demand (requests allowed and denied per second in its last
+report, or half its demand before if that is more), each holder weighing at least a tenth of the mean, so an
+idle Envoy holds little and a busy one is not starved. A holder asked to shrink gets a smaller bucket (once it
+has held its bucket for a window, or SETTLE_MS if shorter); one that used up its bucket gets a fresh one when
+the limit has room again (the reports show its old admissions leaving the window). Envoy keeps its bucket,
+tokens and all, when an assignment's max_tokens and tokens_per_fill are unchanged, so a new bucket always
+differs in one of them. A report also bounds what a bucket holds: what it was sent plus its refill, less what
+it let through, and below one token plus the refill since when it denied a request.
 
-The guarantee costs the bursts (a lone busy Envoy gets the limit less its burst, 5% of it and at least 2, per
-window) and, while a share shrinks, the window in which the old bucket still counts.
+The guarantee costs some of the limit: what a replaced bucket may still hold is booked until its window ends,
+and a bucket that holds a share is booked in full. In simulations (tests/test_quota_ledger.py) a busy Envoy
+gets 80 to 90% of a per-second or per-minute limit, about half of a limit whose window is two report
+intervals long (10 s).
 
 Quantities are kept in thousandths of a token ("mt") as whole numbers, computed in doubles exactly as the Lua
 computes them, so both implementations keep the same books digit for digit.
@@ -46,25 +47,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from slidegate.quotas.books import (
-    LEASE_MS,
-    MAX_COUNT,
-    MAX_REPORTS,
-    MAX_RETIRED,
-    REPORT_INTERVAL_MS,
-    SETTLE_MS,
-    SLACK_MS,
-    TTL_MS,
-    UNKNOWN,
-    Holder,
-    Retired,
-    expires_of,
-    keep_reports,
-)
+# Envoy 1.40 reports every bucket every 5 s, whatever the filter's reporting_interval says.
+REPORT_INTERVAL_MS = 5_000
+# An assignment lives this long in Envoy without being renewed: two reports may go unanswered.
+TTL_MS = 3 * REPORT_INTERVAL_MS
+# How long Envoy may keep using a bucket after the ledger replaced it: the storage's answer (at most half of
+# this, slidegate.application bounds its timeout) and the answer's way to Envoy.
+SLACK_MS = 2_000
+# A holder not heard from for this long is gone (its slidegate replica stopped): its share is retired.
+LEASE_MS = 3 * REPORT_INTERVAL_MS
+# A bucket is kept this long (or its window, if shorter) before it may be shrunk for others.
+SETTLE_MS = 60_000
+# A holder keeps at most this many reports (older ones merged), a ledger at most this many retired bookings.
+MAX_REPORTS = 16
+MAX_RETIRED = 32
+# Counts (as reported, and merged) are capped here, above any limit, so that sums of them in thousandths stay
+# exact in a double.
+MAX_COUNT = 2**32
 
-__all__ = ["DENY", "LEASE_MS", "MAX_COUNT", "MAX_REPORTS", "MAX_RETIRED", "REPORT_INTERVAL_MS", "SETTLE_MS",
-           "SLACK_MS", "TTL_MS", "Assignment", "Holder", "HolderTaken", "Retired", "booked", "bucket_for",
-           "burst_for", "detach", "release", "report", "share_of"]
 
 @dataclass(frozen=True, slots=True)
 class Assignment:
@@ -94,27 +94,118 @@ def share_of(assignment: Assignment, window_ms: int) -> int:
     return 1 if assignment.fill_interval_ms > window_ms else assignment.max_tokens + assignment.tokens_per_fill
 
 
-def burst_for(share: int) -> int:
-    """The burst of a bucket of ``share`` (2 and more): 5% of it, at least 2 (a bucket of one token loses most of
-    its refill to requests that come evenly spaced at more than its rate: its one token waits, full, for the
-    next), at most ``share`` - 1."""
-    return min(share - 1, max(2, -(-share // 20)))
-
-
-def bucket_for(share: int, limit: int, window_ms: int, burst: int = 0) -> Assignment:
-    """The token bucket that admits at most ``share`` requests in any window of ``window_ms``: a burst of
-    ``burst`` tokens (burst_for(share) if 0 or more) and the rest refilled per window. The refill carries the
-    share: a bucket that replaces another keeps only the old one's fill ratio in Envoy (rounded down: a drained
-    bucket's successor starts empty), so a burst is never given again. A share of 1 is a bucket of 1 refilled
-    every two windows (at most one per window), offered only when the limit itself is 1: for a larger limit it
-    would look to Envoy like a share of 2's bucket (Envoy compares max_tokens and tokens_per_fill only, and
-    would keep the refill of either). DENY for no share."""
+def bucket_for(share: int, limit: int, window_ms: int, shift: int = 0) -> Assignment:
+    """The token bucket that admits at most ``share`` requests in any window of ``window_ms``: m + t = share
+    with t refilled per window. The refill's part grows with how many windows pass between two reports (for
+    a per-second limit the refill carries the load; for a minute or more the burst does, and fresh buckets
+    follow the reports). ``shift``
+    moves that many tokens more from the burst to the refill (a fresh bucket of the same share, see report).
+    A share of 1 is a bucket of 1 refilled every two windows (at most one per window), offered only when the
+    limit itself is 1: for a larger limit it would look to Envoy like a share of 2's bucket (Envoy compares
+    max_tokens and tokens_per_fill only). DENY when no such bucket exists."""
     if share <= 0 or (share == 1 and limit > 1):
         return DENY
     if share == 1:
-        return Assignment(1, 1, 2 * window_ms)
-    m = burst_for(share) if burst <= 0 else min(burst, burst_for(share))
-    return Assignment(m, share - m, window_ms)
+        return DENY if shift else Assignment(1, 1, 2 * window_ms)
+    refill = min(share - 1, max(1, math.floor(share * REPORT_INTERVAL_MS / (REPORT_INTERVAL_MS + window_ms) + 0.5)))
+    refill += shift
+    if refill > share - 1:
+        return DENY
+    return Assignment(share - refill, refill, window_ms)
+
+
+@dataclass(slots=True)
+class Holder:
+    """One Envoy's bucket of a quota: ``share`` booked, its bucket (``m``, ``t``) since ``since`` (ms),
+    ``reported`` the time of its last report, ``level`` (mt) an upper bound of its tokens then, ``carry`` (mt)
+    what the bucket it replaced may have let through after ``since`` (only until the next report), ``fresh``:
+    no report since the bucket was sent, ``demand`` (thousandths of a request per second), ``seen`` (ms),
+    ``reports``: (time, allowed) of this bucket's reports within the last window, oldest first; ``owner``: the
+    stream that reports it ("": none now, see ``detach``)."""
+
+    share: int
+    m: int
+    t: int
+    since: int
+    reported: int
+    level: int
+    carry: int
+    fresh: int
+    demand: int
+    seen: int
+    reports: list[tuple[int, int]]
+    owner: str
+
+    def encode(self) -> str:
+        numbers = (self.share, self.m, self.t, self.since, self.reported, self.level, self.carry, self.fresh,
+                   self.demand, self.seen)
+        return " ".join(str(n) for n in numbers) + "|" + _encode_reports(self.reports) + "|" + self.owner
+
+    @classmethod
+    def decode(cls, text: str) -> Holder:
+        head, reports, owner = text.split("|")
+        n = [int(x) for x in head.split(" ")]
+        return cls(n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7], n[8], n[9], _decode_reports(reports), owner)
+
+
+@dataclass(slots=True)
+class Retired:
+    """A replaced bucket, booked for as long as it can count in a window: at most ``share``; what it may have
+    held when replaced at ``ended`` (``left``, mt) until a window after ``ended`` + SLACK_MS; each report's
+    allowed requests until a window after the report."""
+
+    share: int
+    left: int
+    ended: int
+    reports: list[tuple[int, int]]
+
+    def encode(self) -> str:
+        return f"{self.share} {self.left} {self.ended}|" + _encode_reports(self.reports)
+
+    @classmethod
+    def decode(cls, text: str) -> Retired:
+        head, _, tail = text.partition("|")
+        n = [int(x) for x in head.split(" ")]
+        return cls(n[0], n[1], n[2], _decode_reports(tail))
+
+    def booked(self, now: int, window_ms: int) -> int:
+        """What it may still admit in a window ending now or later (mt)."""
+        total = self.left if now < self.ended + SLACK_MS + window_ms else 0
+        for at, allowed in self.reports:
+            if at > now - window_ms:
+                total += allowed * 1000
+        return min(self.share * 1000, total)
+
+
+def _expires_of(text: str, window_ms: int) -> int:
+    """When the retired booking ``text`` can no longer count: a window after the later of its end (and SLACK_MS)
+    and its last report. Read from those alone: a ledger's retired bookings are many, each looked at whenever one
+    is added."""
+    head, _, reports = text.partition("|")
+    last = int(reports.rpartition(",")[2].partition(":")[0]) if reports else 0
+    return max(int(head.split(" ")[2]) + SLACK_MS, last) + window_ms
+
+
+def _encode_reports(reports: list[tuple[int, int]]) -> str:
+    return ",".join(f"{at}:{allowed}" for at, allowed in reports)
+
+
+def _decode_reports(text: str) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for item in text.split(",") if text else []:
+        at, _, allowed = item.partition(":")
+        out.append((int(at), int(allowed)))
+    return out
+
+
+def _keep_reports(reports: list[tuple[int, int]], now: int, window_ms: int) -> list[tuple[int, int]]:
+    """Reports still inside the window; beyond MAX_REPORTS the two oldest become one at the later time (it
+    then counts a little longer: never less)."""
+    kept = [(at, allowed) for at, allowed in reports if at > now - window_ms]
+    while len(kept) > MAX_REPORTS:
+        (_, first), (at, second) = kept[0], kept[1]
+        kept[0:2] = [(at, min(MAX_COUNT, first + second))]
+    return kept
 
 
 def _refill(t: int, elapsed: int, m: int, window_ms: int) -> int:
@@ -137,7 +228,7 @@ def _retire(state: dict[str, str], entry: Retired, window_ms: int) -> None:
     names = sorted((name for name in state if name.startswith("r:")), key=lambda name: int(name[2:]))
     if len(names) <= MAX_RETIRED:
         return
-    first, second = sorted(names, key=lambda name: (expires_of(state[name], window_ms), int(name[2:])))[:2]
+    first, second = sorted(names, key=lambda name: (_expires_of(state[name], window_ms), int(name[2:])))[:2]
     a, b = Retired.decode(state[first]), Retired.decode(state[second])
     merged = sorted(a.reports + b.reports)
     while len(merged) > MAX_REPORTS:
@@ -161,20 +252,18 @@ def _left(h: Holder, now: int, window_ms: int) -> int:
     return h.level + _refill(h.t, now - h.reported + SLACK_MS, h.m, window_ms)
 
 
-def _gone(h: Holder, until: int, now: int, window_ms: int) -> Retired:
+def _gone(h: Holder, until: int, window_ms: int) -> Retired:
     """``h``'s bucket once nothing replaces it: Envoy may enforce it until ``until`` (when its assignment's TTL
-    runs out), so what it held at its last report and refills until then (and SLACK_MS more) stays booked, with
-    its reports, at most the largest share it and the buckets it replaced hold (``Holder.most``)."""
+    runs out), so what it held at its last report and refills until then (and SLACK_MS more) stays booked."""
     since = h.since if h.fresh == 1 else h.reported
-    left = h.level + _refill(h.t, until + SLACK_MS - since, h.m, window_ms)
-    return Retired(-(-h.most(now, window_ms) // 1000), left, until, h.reports)
+    return Retired(h.share, h.level + _refill(h.t, until + SLACK_MS - since, h.m, window_ms), until, h.reports)
 
 
 def _tidy(state: dict[str, str], holder: str, now: int, window_ms: int) -> None:
     """Drop retired bookings that can no longer count; retire holders not heard from for LEASE_MS (their Envoy
     may enforce their bucket until its TTL)."""
     for name in sorted((n for n in state if n.startswith("r:")), key=lambda n: int(n[2:])):
-        if now >= expires_of(state[name], window_ms):
+        if now >= _expires_of(state[name], window_ms):
             del state[name]
     for name in sorted(n for n in state if n.startswith("h:")):
         if name == "h:" + holder:
@@ -183,7 +272,7 @@ def _tidy(state: dict[str, str], holder: str, now: int, window_ms: int) -> None:
         if now - h.seen >= LEASE_MS:
             del state[name]
             if h.share > 0:
-                _retire(state, _gone(h, h.seen + TTL_MS, now, window_ms), window_ms)
+                _retire(state, _gone(h, h.seen + TTL_MS, window_ms), window_ms)
 
 
 def report(state: dict[str, str], limit: int, window_ms: int, holder: str, allowed: int, denied: int,
@@ -197,21 +286,12 @@ def report(state: dict[str, str], limit: int, window_ms: int, holder: str, allow
     _take_usage(h, allowed, denied, elapsed_ms, now, window_ms)
     name = "h:" + holder
     state[name] = h.encode()
-    others, retired, demands, waiting = _others(state, name, now, window_ms)
-    free = _free(others, retired, limit, now, window_ms)
-    return _grant(state, name, h, (limit, window_ms, _target(limit, demands, h.demand)), free, waiting, now)
-
-
-def _target(limit: int, demands: list[int], mine: int) -> int:
-    """A holder's part of ``limit`` by demand (``mine`` among every holder's ``demands``; UNKNOWN: as the mean
-    of those known), each weighing at least a tenth of the mean."""
-    known = [d for d in demands if d != UNKNOWN]
-    guess = sum(known) // len(known) if known else 1000
-    demands = [guess if d == UNKNOWN else d for d in demands]
-    mine = guess if mine == UNKNOWN else mine
+    others, demands = _others(state, name, now, window_ms)
+    # this holder's part of the limit, by demand
     least = max(1, math.floor(sum(demands) / len(demands) / 10))
     weights = sum(max(d, least) for d in demands)
-    return math.floor(limit * (max(mine, least) / weights))
+    target = math.floor(limit * (max(h.demand, least) / weights))
+    return _grant(state, name, h, limit, window_ms, target, others, now)
 
 
 def _reporting(state: dict[str, str], holder: str, owner: str, elapsed_ms: int, now: int, window_ms: int) -> Holder:
@@ -227,7 +307,7 @@ def _reporting(state: dict[str, str], holder: str, owner: str, elapsed_ms: int, 
         # way Envoy starts full whatever comes, so the old bucket is booked as gone and the holder starts again
         del state[name]
         if h.share > 0:
-            _retire(state, _gone(h, h.seen + TTL_MS, now, window_ms), window_ms)
+            _retire(state, _gone(h, h.seen + TTL_MS, window_ms), window_ms)
         h = None
     if h is None:
         h = Holder(0, 0, 0, now, now, 0, 0, 0, 0, now, [], owner)
@@ -241,18 +321,10 @@ def _take_usage(h: Holder, allowed: int, denied: int, elapsed_ms: int, now: int,
     h.fresh, h.carry = 0, 0
     if h.share > 0 and allowed > 0:  # what a holder lets through before its first bucket is not booked
         h.reports.append((now, allowed))
-    h.reports = keep_reports(h.reports, now, window_ms)
-    # demand: the reports' rates, each moving it a quarter of the way (a report's noise does not move shares),
-    # none at once for a report of none (an Envoy whose clients went gives its share back); not known from a
-    # new bucket's first report (its one request, at once), nor moved by a report of under a second
+    h.reports = _keep_reports(h.reports, now, window_ms)
+    # demand: the last report's rate, or half the demand before (a lull does not give the share away at once)
     rate = min(MAX_COUNT, math.floor(float(allowed + denied) * 1000000 / max(elapsed_ms, 1000)))
-    if elapsed_ms == 0:
-        if h.seen == now and h.demand == 0 and h.m == 0:
-            h.demand = UNKNOWN
-    elif h.demand == UNKNOWN or rate == 0:
-        h.demand = rate
-    else:
-        h.demand += (rate - h.demand) // 4
+    h.demand = max(rate, h.demand // 2)
     h.reported, h.seen = now, now
 
 
@@ -272,109 +344,64 @@ def _level(h: Holder, allowed: int, denied: int, elapsed_ms: int, now: int, wind
     return level
 
 
-def _others(state: dict[str, str], name: str, now: int, window_ms: int) -> tuple[list[Holder], int, list[int], bool]:
-    """Every holder but ``name``, what the retired buckets book now (mt), every holder's demand, and whether
-    another holder has no share (waits for room)."""
+def _others(state: dict[str, str], name: str, now: int, window_ms: int) -> tuple[int, list[int]]:
+    """What every holder but ``name`` and every retired bucket books (mt), and every holder's demand."""
     demands: list[int] = []
-    others: list[Holder] = []
-    waiting = False
+    others = 0
     for other in sorted(n for n in state if n.startswith("h:")):
         o = Holder.decode(state[other])
         demands.append(o.demand)
         if other != name:
-            others.append(o)
-            waiting = waiting or o.share == 0
-    retired = 0
-    for entry in sorted((n for n in state if n.startswith("r:")), key=lambda n: int(n[2:])):
-        retired += Retired.decode(state[entry]).booked(now, window_ms)
-    return others, retired, demands, waiting
+            others += o.share * 1000
+    for retired in sorted((n for n in state if n.startswith("r:")), key=lambda n: int(n[2:])):
+        others += Retired.decode(state[retired]).booked(now, window_ms)
+    return others, demands
 
 
-def _free(others: list[Holder], retired: int, limit: int, now: int, window_ms: int) -> list[tuple[int, int]]:
-    """What the limit leaves (mt) in windows ending from now on, after ``others`` and the ``retired`` bookings
-    (as they are now: they only go down): (ms from now, free) now, a window on, and where another holder's
-    booking turns (between those it is straight, so these bound it everywhere), in time order."""
-    points = {now, now + window_ms}
-    for o in others:
-        if o.replacing(now, window_ms):
-            points.update(x for x in o.turns(window_ms) if x > now)
-    return [(x - now, limit * 1000 - retired - sum(o.booking(x, window_ms) for o in others))
-            for x in sorted(points)]
-
-
-def _grant(state: dict[str, str], name: str, h: Holder, quota: tuple[int, int, int], free: list[tuple[int, int]],
-           waiting: bool, now: int) -> Assignment:
-    """``h``'s bucket from now on, in a quota of (limit, window, ``h``'s target share), with ``free`` as _free
-    says: a new one of at most the target when its share is to change and the limit has room, else the same.
-    A bucket that replaces another, or a first one, is booked as it comes in or the old one leaves the window
-    (``Holder.booking``); one that ends for a DENY_ALL is booked as retired."""
-    limit, window_ms, target = quota
-    share, ramped = _share(h, target, free, limit, window_ms)
-    if not _replaces(h, target, share, limit, now, window_ms, waiting):
-        return _assignment(h, window_ms)
-    candidate = _bucket_after(h, share, limit, window_ms)
+def _grant(state: dict[str, str], name: str, h: Holder, limit: int, window_ms: int, target: int, others: int,
+           now: int) -> Assignment:
+    """``h``'s bucket from now on: a new one of at most ``target`` when the limit has room and it is worth
+    replacing the one it holds (booked as retired), else the same."""
+    # what replacing the bucket now would leave booked for the old one, and what the limit then has room for
     left = _left(h, now, window_ms) if h.share > 0 else 0
-    if candidate.denies:
-        if h.share > 0:  # Envoy's bucket ends when the DENY_ALL reaches it
-            _retire(state, Retired(-(-h.most(now, window_ms) // 1000), left, now, h.reports), window_ms)
-        h.reports = []
-        h.pm, h.pt = 0, 0
-    elif share < h.share:  # the old burst and refill leave the window
-        h.pm, h.pt = h.m, h.t
-    elif ramped:  # the new refill comes in (the old one's until then; none after a DENY_ALL)
-        h.pm, h.pt = candidate.max_tokens, h.t if h.share > 0 else 0
-    else:  # the new bucket's burst and refill are no smaller (_bucket_after): its share is all it books
-        h.pm, h.pt = 0, 0
+    old = Retired(h.share, left, now, h.reports).booked(now, window_ms) if h.share > 0 else 0
+    room = max(0, math.floor((limit * 1000 - others - old) / 1000))
+    current = _assignment(h, window_ms)
+    share, candidate = _fresh_bucket(min(target, room), current, limit, window_ms)
+    if not _replaces(h, target, candidate, current, now, window_ms):
+        return current
+    if old > 0:
+        _retire(state, Retired(h.share, left, now, h.reports), window_ms)
     h.share = 0 if candidate.denies else share
     h.m, h.t = candidate.max_tokens, candidate.tokens_per_fill
     h.since, h.carry, h.fresh = now, left, 1
     h.level = h.m * 1000
+    h.reports = []
     state[name] = h.encode()
     return candidate
 
 
-def _share(h: Holder, target: int, free: list[tuple[int, int]], limit: int, window_ms: int) -> tuple[int, bool]:
-    """The share ``h`` may have, at most ``target``: what is free in every window ending from now on, or more if
-    its new bucket, booked as its refill comes in (``Holder.booking``), fits where the room frees up as it comes;
-    and whether it is the latter."""
-    flat = min(target, max(0, math.floor(min(f for _, f in free) / 1000)))
-    if flat >= target:
-        return flat, False
-    burst = _bucket_after(h, target, limit, window_ms).max_tokens
-    old = h.t if h.share > 0 else 0
-    base = (burst + old) * 1000
-    if burst == 0 or free[0][1] < base:
-        return flat, False
-    # in the windows to come, the old refill at least (as long as the new one comes in) and the new one's excess
-    # as it comes in
-    more = min(math.floor(float(f - base) * window_ms / min(d, window_ms) / 1000) for d, f in free if d > 0)
-    ramp = min(target, burst + old + more)
-    return (ramp, True) if ramp > flat else (flat, False)
+def _fresh_bucket(share: int, current: Assignment, limit: int, window_ms: int) -> tuple[int, Assignment]:
+    """The bucket for ``share`` (or one less) that differs from ``current``, and its share."""
+    candidate = bucket_for(share, limit, window_ms)
+    if candidate == current:  # the same bucket would not be a fresh one in Envoy: the same share split otherwise
+        candidate = bucket_for(share, limit, window_ms, shift=1)
+        if candidate.denies:
+            share -= 1
+            candidate = bucket_for(share, limit, window_ms)
+    return share, candidate
 
 
-def _replaces(h: Holder, target: int, share: int, limit: int, now: int, window_ms: int, waiting: bool) -> bool:
-    """Whether ``h``'s bucket is to be replaced by one of ``share``: shrunk for others (by a fifth, or at all
-    while another holder waits for room), or grown. Not while the bucket it replaced may still count (what the
-    two book would have to be booked again), nor for the same share (Envoy would keep only the old bucket's
-    fill ratio)."""
-    if h.replacing(now, window_ms):
-        return False
-    if h.share > 0 and (target <= h.share - max(1, h.share // 5) or (waiting and target < h.share)):
-        # asked to shrink (by a fifth: the demands' noise does not make shares go back and forth): others need
-        # the room. Not a bucket just sent: its demand is not known yet
-        return now - h.since >= min(window_ms, SETTLE_MS)
-    # grown by a fiftieth or more: room left unbooked is taken up, first by those that have none
-    grows = share >= h.share + max(1, h.share // 50) and not (waiting and h.share > 0)
-    return grows and not bucket_for(share, limit, window_ms).denies
-
-
-def _bucket_after(h: Holder, share: int, limit: int, window_ms: int) -> Assignment:
-    """The bucket of ``share`` to replace ``h``'s: after a token bucket, a burst grown by no more than the share
-    (so the refill does not shrink as it grows, and what the two book stays the larger share, see
-    Holder.booking); after none, or a DENY_ALL, a full one of burst_for(share)."""
-    if h.share <= 0:
-        return bucket_for(share, limit, window_ms)
-    return bucket_for(share, limit, window_ms, burst=h.m + max(0, share - h.share))
+def _replaces(h: Holder, target: int, candidate: Assignment, current: Assignment, now: int, window_ms: int) -> bool:
+    """Whether ``candidate`` is to replace ``h``'s bucket (``current``)."""
+    margin = max(1, h.share // 10)
+    if h.share > 0 and target <= h.share - margin and now - h.since >= min(window_ms, SETTLE_MS):
+        # asked to shrink: others need the room. Not a bucket just sent: what it may still let through stays
+        # booked for a window, so shrinking it at once would only leave everyone without
+        return True
+    # a larger or fresher bucket than what this one may still give in the coming window
+    gain = (candidate.max_tokens + candidate.tokens_per_fill) * 1000 - (h.level + h.t * 1000)
+    return not candidate.denies and candidate != current and gain >= margin * 1000
 
 
 def release(state: dict[str, str], window_ms: int, holder: str, now: int, unsure: int = 0) -> None:
@@ -386,7 +413,7 @@ def release(state: dict[str, str], window_ms: int, holder: str, now: int, unsure
     if name in state:
         h = Holder.decode(state.pop(name))
         if h.share > 0:
-            _retire(state, _gone(h, now + TTL_MS, now, window_ms), window_ms)
+            _retire(state, _gone(h, now + TTL_MS, window_ms), window_ms)
     _book_unsure(state, unsure, now, window_ms)
 
 
@@ -410,13 +437,12 @@ def _book_unsure(state: dict[str, str], share: int, now: int, window_ms: int) ->
 
 def booked(state: dict[str, str], window_ms: int, now: int) -> int:
     """Everything the ledger books at ``now`` (mt). Grants keep it within the limit; it may go above only by
-    what release and detach book as unsure, by merged retired bookings (each counted whole until the later end)
-    and by the bucket of a holder gone while its booking went down (booked as it was then, until it can no
-    longer count): all over-count, so new shares wait longer."""
+    what release and detach book as unsure, and by merged retired bookings (each counted whole until the later
+    end): both over-count, so new shares wait longer."""
     total = 0
     for name, text in state.items():
         if name.startswith("h:"):
-            total += Holder.decode(text).booking(now, window_ms)
+            total += Holder.decode(text).share * 1000
         elif name.startswith("r:"):
             total += Retired.decode(text).booked(now, window_ms)
     return total
