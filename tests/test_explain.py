@@ -127,3 +127,41 @@ def test_explain_over_http_and_on_the_command_line(serve: Callable[..., Any], tm
     for answer in (on_the_command_line, over_http):  # the reset moves on between the two
         assert 0 < answer["descriptors"][0].pop("resetSeconds") <= 60
     assert on_the_command_line == over_http
+
+
+TWICE = """
+domain: t
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: fixed
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: fixed_window}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+"""
+
+
+async def explained_then_decided(service: Decider, *entries: tuple[str, str]) -> tuple[list[str], list[str]]:
+    """What explain says of a request of one descriptor per entry (the overall code, then each descriptor's), and
+    then what ShouldRateLimit answers it."""
+    answer = await explained(service, *(one(e) for e in entries), domain="t")
+    response = await service.should_rate_limit(request("t", *(descriptor(e) for e in entries)))
+    names = {OK: "OK", OVER_LIMIT: "OVER_LIMIT"}
+    return ([answer["overallCode"], *(d["code"] for d in answer["descriptors"])],
+            [names[response.overall_code], *(names[s.code] for s in response.statuses)])
+
+
+async def test_a_limit_named_twice_is_explained_on_the_sum_of_its_hits(limits: Limits) -> None:
+    service = await limits(TWICE)
+    for key in ("user", "fixed"):
+        for _ in range(2):
+            await service.should_rate_limit(request("t", descriptor((key, "bob"))))
+        # one hit left: the first of the two takes it, the second is over, and so is the request
+        said, answered = await explained_then_decided(service, (key, "bob"), (key, "bob"))
+        assert said == answered == ["OVER_LIMIT", "OK", "OVER_LIMIT"], key
+    # a quota limit named twice with room for one: one of the two over is not every one, so it is admitted
+    said, answered = await explained_then_decided(service, ("quota", "q"), ("quota", "q"))
+    assert said[0] == answered[0] == "OK"
+    said, answered = await explained_then_decided(service, ("quota", "q"), ("quota", "q"))
+    assert said[0] == answered[0] == "OVER_LIMIT"

@@ -12,7 +12,7 @@ from typing import Any
 
 from slidegate.backends.base import admits
 from slidegate.config.model import DescriptorNode, RateLimit
-from slidegate.limiter import Descriptor, Limiter, Status
+from slidegate.limiter import Descriptor, Limiter, Plan, Status
 from slidegate.rule_names import rule_name
 
 
@@ -63,7 +63,7 @@ async def explain(limiter: Limiter, domain: str, descriptors: Sequence[Descripto
     when the storage does not answer (no failure mode stands in: the point is what the storage holds)."""
     plan = limiter.prepare(domain, descriptors, hits_addend)
     peeked = await limiter.peek(plan, timeout)
-    statuses = [_predicted(s) for s in peeked]
+    statuses = _predicted(plan, peeked)
     domain_config = plan.config.domains.get(domain)
     matched = [None if domain_config is None or d.override is not None else domain_config.match(d.entries)
                for d in descriptors]
@@ -79,11 +79,22 @@ async def explain(limiter: Limiter, domain: str, descriptors: Sequence[Descripto
     return Explanation(domain, explained, rejected)
 
 
-def _predicted(status: Status) -> Status:
-    """``status`` as read (no hits), its ``over`` what the descriptor's own hits would meet now."""
-    if status.limit is None or status.limit.unit is None:
-        return status
-    return status._replace(over=status.hits > status.remaining)
+def _predicted(plan: Plan, peeked: list[Status]) -> list[Status]:
+    """``peeked`` as read (no hits), each ``over`` what its hits would meet now. A limit named twice (two
+    descriptors, one key) is decided on one state, in order, as ShouldRateLimit decides it (lua/decide.lua):
+    each descriptor meets the hits its earlier ones took from it — all of them when its algorithm counts denied
+    hits, the admitted ones otherwise."""
+    statuses = list(peeked)
+    taken: dict[str, int] = {}  # key -> hits the earlier descriptors of this request took from its limit
+    for index, check in zip(plan.counted, plan.checks, strict=True):
+        status = statuses[index]
+        before = taken.get(check.key, 0)
+        over = status.hits > 0 and before + status.hits > status.remaining
+        if not over or check.counts_denied():
+            # hits given back free at most what the storage holds
+            taken[check.key] = max(before + status.hits, status.remaining - check.most_hits())
+        statuses[index] = status._replace(over=over)
+    return statuses
 
 
 def _replaced_by(rule: DescriptorNode | None, replacing: list[DescriptorNode]) -> DescriptorNode | None:
