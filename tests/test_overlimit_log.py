@@ -67,3 +67,17 @@ async def test_a_burst_ends_with_its_count_written_after_the_interval(
     assert len(lines(caplog)) == 1
     await asyncio.sleep(0.5)  # no rejection since: the timer writes the 4 others
     assert lines(caplog)[1].startswith("over limit: rule per-user rejected 4 requests")
+
+
+async def test_a_rules_first_rejection_is_written_at_once_whatever_the_clock_reads(
+        limits: Callable[..., Awaitable[Decider]], caplog: pytest.LogCaptureFixture) -> None:
+    service = await limits(CONFIG, over_limit_log_interval="0")
+    clock = Seconds()
+    clock.now = 5000.7  # 5000.7 - (5000.7 - 0.2) < 0.2 in floating point: "an interval ago" must not be computed
+    service.app.service.decider.watch(OverLimitLog(0.2, clock=clock))
+    caplog.set_level(logging.INFO, logger="slidegate.overlimit")
+    for _ in range(2):
+        await service.should_rate_limit(request("o", descriptor(("user", "f"))))
+    assert lines(caplog) == ["over limit: rule per-user rejected 1 request in the last 0 s, the latest with "
+                             "descriptor user=f"]
+

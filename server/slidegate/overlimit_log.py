@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ SAMPLE_CHARS = 200  # of the descriptor shown
 @dataclass(slots=True)
 class _Tally:
     name: str  # the rule's (rule_of), made when its first rejection of this config came
-    last_line: float  # when this rule's last line was written
+    last_line: float  # when this rule's last line was written (-inf: never)
     denied: int = 0  # requests rejected since then
     sample: tuple[tuple[str, str], ...] = ()  # the entries of the latest of them
 
@@ -64,7 +65,8 @@ class OverLimitLog:
                     self._forget_quiet(now)
                     if len(self._rules) >= MAX_RULES:
                         continue
-                tally = self._rules[key] = _Tally(rule_of(descriptor, status), now - self._interval)
+                # never written: not ``now - interval``, which floating point may make less than an interval ago
+                tally = self._rules[key] = _Tally(rule_of(descriptor, status), -math.inf)
             elif tally.sample is descriptor.entries and tally.denied:
                 tally.denied += 1  # the same request again (a remembered one): nothing else changes
                 if now - tally.last_line >= self._interval:
