@@ -81,3 +81,23 @@ async def test_a_rules_first_rejection_is_written_at_once_whatever_the_clock_rea
     assert lines(caplog) == ["over limit: rule per-user rejected 1 request in the last 0 s, the latest with "
                              "descriptor user=f"]
 
+
+async def test_a_request_rejected_twice_by_one_rule_is_counted_once(
+        limits: Callable[..., Awaitable[Decider]], caplog: pytest.LogCaptureFixture) -> None:
+    service = await limits(CONFIG, over_limit_log_interval="0")
+    clock = Seconds()
+    service.app.service.decider.watch(OverLimitLog(10.0, clock=clock))
+    caplog.set_level(logging.INFO, logger="slidegate.overlimit")
+    for user in ("a", "b"):
+        await service.should_rate_limit(request("o", descriptor(("user", user))))
+    both = request("o", descriptor(("user", "a")), descriptor(("user", "b")), descriptor(("user", "a")))
+    codes = [(await service.should_rate_limit(both)).overall_code for _ in range(5)]
+    assert codes == [OVER_LIMIT] * 5
+    clock.now += 10
+    await service.should_rate_limit(request("o", descriptor(("path", "/p")), descriptor(("path", "/p"))))
+    await service.should_rate_limit(both)
+    assert [line.split(" in the last")[0] for line in lines(caplog)] == [
+        "over limit: rule per-user rejected 1 request",  # each of its descriptors over, one request
+        "over limit: rule path rejected 1 request",  # named twice: 2 hits where 1 fits
+        "over limit: rule per-user rejected 5 requests"]
+

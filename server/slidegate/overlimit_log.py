@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from slidegate.decider import Decision, rule_of
+from slidegate.limiter import Descriptor, Status
 from slidegate.text import printable
 
 log = logging.getLogger("slidegate.overlimit")
@@ -54,11 +55,9 @@ class OverLimitLog:
             self._rules, self._config = {}, config
         statuses = decision.statuses
         # a request of one descriptor rejected was rejected by it (most of an attack): no scan of the statuses
-        rejecting = (((decision.prepared.descriptors[0], statuses[0]),) if len(statuses) == 1
-                     else decision.rejecting())
-        for descriptor, status in rejecting:
-            # a rule by itself (its config is the current one, and keeps it alive), an override by its keys
-            key = id(status.rule) if status.rule is not None else rule_of(descriptor, status)  # cut short
+        rejecting = (((_key(decision.prepared.descriptors[0], statuses[0]), decision.prepared.descriptors[0],
+                       statuses[0]),) if len(statuses) == 1 else _once_per_rule(decision))
+        for key, descriptor, status in rejecting:
             tally = self._rules.get(key)
             if tally is None:
                 if len(self._rules) >= MAX_RULES:
@@ -111,3 +110,19 @@ class OverLimitLog:
         """Drop the rules with nothing pending whose last line is an interval old."""
         for key in [k for k, t in self._rules.items() if not t.denied and now - t.last_line >= self._interval]:
             del self._rules[key]
+
+
+def _key(descriptor: Descriptor, status: Status) -> object:
+    """What a rule is followed by: a rule by itself (its config is the current one, and keeps it alive), an
+    override by its keys (cut short)."""
+    return id(status.rule) if status.rule is not None else rule_of(descriptor, status)
+
+
+def _once_per_rule(decision: Decision) -> list[tuple[object, Descriptor, Status]]:
+    """The descriptors that rejected ``decision``, the first of each rule only: a request is counted once per rule
+    that rejected it, however many of its descriptors that rule rejected."""
+    first: dict[object, tuple[object, Descriptor, Status]] = {}
+    for descriptor, status in decision.rejecting():
+        key = _key(descriptor, status)
+        first.setdefault(key, (key, descriptor, status))
+    return list(first.values())
