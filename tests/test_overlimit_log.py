@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from slidegate.decider import Decision
 from slidegate.overlimit_log import OverLimitLog
 from tests.conftest import Decider
 from tests.helpers import OVER_LIMIT, descriptor, request
@@ -101,3 +102,27 @@ async def test_a_request_rejected_twice_by_one_rule_is_counted_once(
         "over limit: rule path rejected 1 request",  # named twice: 2 hits where 1 fits
         "over limit: rule per-user rejected 5 requests"]
 
+
+async def test_a_log_written_in_a_new_event_loop_still_gets_its_delayed_line(
+        limits: Callable[..., Awaitable[Decider]], caplog: pytest.LogCaptureFixture) -> None:
+    service = await limits(CONFIG, over_limit_log_interval="0")
+    decisions: list[Decision] = []
+    service.app.service.decider.watch(decisions.append)
+    for _ in range(4):
+        await service.should_rate_limit(request("o", descriptor(("user", "n"))))
+    rejected = [d for d in decisions if d.rejected]
+    assert len(rejected) == 3
+    caplog.set_level(logging.INFO, logger="slidegate.overlimit")
+    overlimit = OverLimitLog(0.2)
+
+    async def burst(wait: float) -> None:
+        for decision in rejected:
+            overlimit(decision)
+        await asyncio.sleep(wait)
+
+    await asyncio.to_thread(asyncio.run, burst(0))  # its loop closed before the delayed line was due
+    assert len(lines(caplog)) == 1
+    await asyncio.to_thread(asyncio.run, burst(0.5))  # a new loop (as after a restart) within the interval
+    assert [line.split(" in the last")[0] for line in lines(caplog)] == [
+        "over limit: rule per-user rejected 1 request",
+        "over limit: rule per-user rejected 5 requests"]  # the first loop's 2 and the new one's 3, by its timer

@@ -43,7 +43,7 @@ class OverLimitLog:
         self._clock = clock
         self._rules: dict[object, _Tally] = {}
         self._config: object = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._armed_in: asyncio.AbstractEventLoop | None = None  # the loop whose timer will write what is pending
 
     def __call__(self, decision: Decision) -> None:
         if not decision.rejected:
@@ -70,6 +70,8 @@ class OverLimitLog:
                 tally.denied += 1  # the same request again (a remembered one): nothing else changes
                 if now - tally.last_line >= self._interval:
                     self._write(tally, now)
+                else:
+                    self._later()  # armed already, unless in a loop since closed
                 continue
             tally.denied += 1
             tally.sample = descriptor.entries
@@ -89,11 +91,14 @@ class OverLimitLog:
 
     def _later(self) -> None:
         """Write what is pending once its interval is over, should no rejection come to write it."""
-        if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._interval, self._rang)
+        loop = asyncio.get_running_loop()
+        # by the loop it was armed in: a timer of a loop closed since (a restart, a test's loop) never rings
+        if self._armed_in is not loop:
+            self._armed_in = loop
+            loop.call_later(self._interval, self._rang)
 
     def _rang(self) -> None:
-        self._timer = None
+        self._armed_in = None
         self._flush(self._clock())
 
     def _flush(self, now: float, *, every: bool = False) -> None:
