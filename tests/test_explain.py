@@ -165,3 +165,23 @@ async def test_a_limit_named_twice_is_explained_on_the_sum_of_its_hits(limits: L
     assert said[0] == answered[0] == "OK"
     said, answered = await explained_then_decided(service, ("quota", "q"), ("quota", "q"))
     assert said[0] == answered[0] == "OVER_LIMIT"
+
+
+def test_a_malformed_explain_body_is_the_clients_error(serve: Callable[..., Any], tmp_path: Path) -> None:
+    (tmp_path / "x.yaml").write_text(CONFIG)
+    served = serve(tmp_path)
+
+    def errors() -> int:  # the stat is listed once first counted
+        return sum(int(line.rsplit(" ", 1)[1]) for line in served.http("/stats", port=served.debug_port)[1].splitlines()
+                   if line.startswith("ratelimit.service.call.should_rate_limit.service_error:"))
+
+    for body in (b'{"domain": "", "descriptors": [{"entries": [{"key": "user", "value": "a"}]}]}',
+                 b'{"domain": "x", "descriptors": []}',
+                 b'{"domain": "x", "descriptors": [{"entries": [{"key": "user", "value": "a"}]}], "hits_addend": 1',
+                 b'{"domain": "x", "descriptors": [{"entries": [{"key": "user", "value": "a"}], "hitsAddend": "x"}]}',
+                 b'[]'):
+        status, text = served.http("/explain", body)
+        assert status == 400 and json.loads(text)["error"], body
+    assert errors() == 0
+    assert served.http("/json", b'{"domain": "x", "descriptors": []}')[0] == 400
+    assert errors() == 1  # /json counts it, as the reference does

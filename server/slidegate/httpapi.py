@@ -70,8 +70,8 @@ class _Endpoints:
 
     async def explain(self, request: web.Request) -> web.Response:
         """What /json would answer now and why (slidegate.explain), the body read as /json reads it; nothing is
-        counted."""
-        read = await self._limit_request(request)
+        counted, a malformed body neither: the client's error, answered 400 with its reason."""
+        read = await self._limit_request(request, refusals_counted=False)
         if isinstance(read, web.Response):
             return read
         try:
@@ -81,8 +81,10 @@ class _Endpoints:
             return _error(details, HTTP_STATUS[code])
         return web.json_response(explanation.as_json())
 
-    async def _limit_request(self, request: web.Request) -> LimitRequest | web.Response:
-        """The request in the body (a RateLimitRequest in proto-JSON), or the error response that answers it."""
+    async def _limit_request(self, request: web.Request, *,
+                             refusals_counted: bool = True) -> LimitRequest | web.Response:
+        """The request in the body (a RateLimitRequest in proto-JSON), or the error response that answers it;
+        ``refusals_counted``: an invalid request is counted as a refused call (service_error), as /json's is."""
         if self.health.draining:
             return _error("shutting down", 503)
         if request.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity"):
@@ -94,7 +96,8 @@ class _Endpoints:
         except json.JSONDecodeError as exc:
             return _error(f"the body is not JSON: {exc}", 400)
         except InvalidRequest as exc:  # the reference's service_error, as over gRPC
-            decider.refused(exc)
+            if refusals_counted:
+                decider.refused(exc)
             return _error(str(exc), 400)
         except (json_format.ParseError, UnicodeDecodeError) as exc:
             return _error(str(exc), 400)
