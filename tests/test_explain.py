@@ -15,8 +15,10 @@ from typing import Any
 from slidegate.decider import LimitRequest
 from slidegate.limiter import Descriptor, Override
 from slidegate.units import Unit
+from tests.ads_server import AdsServer
 from tests.conftest import Decider
 from tests.helpers import OK, OVER_LIMIT, descriptor, request
+from tests.served import wait_for
 
 Limits = Callable[..., Awaitable[Decider]]
 
@@ -185,3 +187,18 @@ def test_a_malformed_explain_body_is_the_clients_error(serve: Callable[..., Any]
     assert errors() == 0
     assert served.http("/json", b'{"domain": "x", "descriptors": []}')[0] == 400
     assert errors() == 1  # /json counts it, as the reference does
+
+
+def test_no_config_loaded_is_answered_as_json_answers_it(serve: Callable[..., Any]) -> None:
+    ads = AdsServer()  # that never sends a config
+    ads.start()
+    try:
+        forced = serve(None, env={"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": f"127.0.0.1:{ads.port}",
+                                  "BACKEND_TYPE": "memory", "FORCE_START_WITHOUT_INITIAL_CONFIG": "true"}, wait=False)
+        assert wait_for(lambda: forced.http("/healthcheck")[0] == 200, 20)
+        body = json.dumps({"domain": "x", "descriptors": [{"entries": [{"key": "user", "value": "a"}]}]}).encode()
+        # 500, as the reference's plain error (gRPC UNKNOWN): docs/configuration.md, tests/test_xds.py
+        assert forced.http("/explain", body) == forced.http("/json", body) == (
+            500, '{"error": "no rate limit configuration loaded"}')
+    finally:
+        ads.stop()
