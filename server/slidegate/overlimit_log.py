@@ -70,8 +70,8 @@ class OverLimitLog:
                 tally.denied += 1  # the same request again (a remembered one): nothing else changes
                 if now - tally.last_line >= self._interval:
                     self._write(tally, now)
-                else:
-                    self._later()  # armed already, unless in a loop since closed
+                elif self._armed_in is None or self._armed_in.is_closed():
+                    self._later()  # what is pending was left to a loop that closed before its timer rang
                 continue
             tally.denied += 1
             tally.sample = descriptor.entries
@@ -91,10 +91,10 @@ class OverLimitLog:
 
     def _later(self) -> None:
         """Write what is pending once its interval is over, should no rejection come to write it."""
-        loop = asyncio.get_running_loop()
-        # by the loop it was armed in: a timer of a loop closed since (a restart, a test's loop) never rings
-        if self._armed_in is not loop:
-            self._armed_in = loop
+        armed = self._armed_in
+        # a timer of a loop closed since (a restart, a test's loop) never rings: the running loop's must
+        if armed is None or armed.is_closed():
+            self._armed_in = loop = asyncio.get_running_loop()
             loop.call_later(self._interval, self._rang)
 
     def _rang(self) -> None:
