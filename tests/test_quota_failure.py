@@ -143,3 +143,38 @@ async def test_a_paused_redis_opens_the_quota_breaker_and_answers_come_at_once(
         client.execute_command("CLIENT", "UNPAUSE")
         await storage.close()
         client.close()
+
+
+async def test_thousands_of_reports_at_once_are_all_booked_by_a_healthy_redis(private_redis: RedisServer) -> None:
+    """3000 reports at once, far more than the places at Redis: each waits for one however long it takes (the
+    ledger books it at Redis's clock), and only its time at Redis counts against the timeout."""
+    storage = RedisQuotas(Topology("single", private_redis.url), timeout=0.05, pool_size=4, breaker=Breaker())
+    quotas = [Quota(f"crowd:{i}:quota:100:60000", 100, 60_000) for i in range(150)]
+    try:
+        answers = await asyncio.gather(*(storage.report(q, f"h{n}", 1, 0, 0, f"s{n}")
+                                         for n in range(20) for q in quotas), return_exceptions=True)
+        assert [a for a in answers if isinstance(a, BaseException)] == []
+        assert [await storage.booked(q) for q in quotas[:3]] == [100_000] * 3  # the whole limit, shared out
+    finally:
+        await storage.close()
+
+
+async def test_a_paused_redis_fails_a_queue_of_reports_within_a_few_timeouts(private_redis: RedisServer) -> None:
+    """400 reports queued behind a paused Redis: a timeout per place at Redis in turn would take 15 s; the
+    breaker opens and the rest fail at once."""
+    storage = RedisQuotas(Topology("single", private_redis.url), timeout=0.3, pool_size=8, breaker=Breaker())
+    client = redis.Redis(port=private_redis.port)
+    quota = Quota("queued:quota:5:60000", 5, 60_000)
+    try:
+        await storage.report(quota, "a", 1, 0, 0, "s1")
+        client.execute_command("CLIENT", "PAUSE", 4_000, "ALL")
+        begun = time.monotonic()
+        answers = await asyncio.gather(*(storage.report(quota, f"h{n}", 1, 0, 0, "s1") for n in range(400)),
+                                       return_exceptions=True)
+        spent = time.monotonic() - begun
+        assert all(isinstance(a, Exception) and "quotas at" in str(a) for a in answers), answers[:3]
+        assert spent < 2.0, spent
+    finally:
+        client.execute_command("CLIENT", "UNPAUSE")
+        await storage.close()
+        client.close()

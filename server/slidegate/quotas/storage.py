@@ -155,10 +155,11 @@ class MemoryQuotas:
 
 class RedisQuotas:
     """Ledgers in Redis, one hash per quota, changed by lua/quota.lua (Redis TIME: one clock for every
-    replica), run by the script runner on the topology's transport as the decisions are. ``timeout``: seconds
-    a call may take, waiting for a permit (one of ``pool_size``) included; ``breaker``: calls fail at once
-    while Redis is failing (slidegate.backends.breaker), as do calls while Redis has been silent longer than
-    ``timeout`` (Silence.refusal). Every failure is a BackendUnavailable."""
+    replica), run by the script runner on the topology's transport as the decisions are. Calls queue for one of
+    ``pool_size`` places at Redis without a deadline, then may take ``timeout`` seconds there; ``breaker``:
+    calls fail at once while Redis is failing (slidegate.backends.breaker), as do calls while Redis has been
+    silent longer than ``timeout`` (Silence.refusal), at the head of the queue. Every failure is a
+    BackendUnavailable."""
 
     def __init__(self, topology: Topology, *, timeout: float, pool_size: int = 8,
                  breaker: Breaker | None = None) -> None:
@@ -168,6 +169,11 @@ class RedisQuotas:
         self._transport = open_transport(topology, timeout=timeout, pool_size=pool_size, silence=self._silence)
         script = (resource_dir("lua") / "quota.lua").read_text(encoding="utf-8")
         self._runner = ScriptRunner(self._transport, script, permits=Permits(pool_size), silence=self._silence)
+        # a report waits here untimed: the ledger books it at Redis's clock when the script runs, so time in the
+        # queue costs its answer nothing, and a healthy Redis must book every bucket of thousands reported at
+        # once (measured: 29 streams of 150 buckets, 1033 calls timed out waiting for a permit, each bucket
+        # answered by the failure mode and the breaker opened on a healthy Redis)
+        self._queue = asyncio.Semaphore(pool_size)
         self._warm = False
 
     async def warm(self) -> None:
@@ -186,13 +192,19 @@ class RedisQuotas:
         return BackendUnavailable(f"{self._name}: {reason(exc)}")
 
     async def _call(self, quota: Quota, *args: str | int) -> Any:
+        async with self._queue:
+            return await self._run(quota, list(args))
+
+    async def _run(self, quota: Quota, args: list[str | int]) -> Any:
+        # asked at the head of the queue: behind a Redis that stopped answering, the queue drains at once (and
+        # once the breaker opens, at every call) instead of a timeout per place at Redis in turn
         refusal = self._silence.refusal(self._timeout)
         if refusal is not None:
             raise refusal
         # a Redis that stops answering (paused, a network black hole) must not hold a stream's answers forever
         try:
             async with asyncio.timeout(self._timeout):
-                return await self._runner.run([quota.key], list(args))
+                return await self._runner.run([quota.key], args)
         except TimeoutError as exc:
             self._silence.failed(f"no answer within {self._timeout * 1000:.0f} ms")
             raise self._unavailable(exc) from exc
