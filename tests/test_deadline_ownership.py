@@ -75,35 +75,52 @@ async def test_light_items_keep_every_place_of_theirs_while_a_heavy_one_is_out()
 
 async def test_small_requests_are_answered_in_time_while_heavy_ones_are_in_flight(
         private_redis: RedisServer) -> None:
+    """Small calls with 20 ms deadlines beside heavy ones on the same backend: about as many in time as beside
+    the same heavy calls on a backend of their own (the same work for this process and for Redis, none of the
+    small calls' places to take), in rounds alternating in the same run. A machine the other test processes
+    keep busy misses a 20 ms deadline for want of a CPU alone (eight busy loops on two cores: 91 to 103 of 320
+    late apart, 120 to 176 shared; 0 of 320 either way on a quiet machine)."""
     backend = RedisBackend(private_redis.url, timeout=0.5)
+    apart = RedisBackend(private_redis.url, timeout=0.5)
     await backend.ping()
+    await apart.ping()
     stop = False
 
-    async def heavy_caller(name: str) -> None:
+    async def heavy_caller(on: RedisBackend, name: str) -> None:
         # fixed windows: each call takes Redis the same few ms however long the test runs
         checks = heavy(2 * MAX_BATCH_CHECKS, name, Algorithm.FIXED_WINDOW)
         while not stop:
-            await backend.decide(checks)
+            await on.decide(checks)
 
-    async def small_caller(name: str) -> list[bool]:
-        in_time = []
-        for i in range(40):
+    async def small_caller(name: str) -> int:
+        late = 0
+        for i in range(10):
             try:
                 await backend.decide([Check(f"sgown:small:{name}:{i}", 10, 60_000_000, 1)], timeout=0.02)
-                in_time.append(True)
             except DeadlineExceeded:
-                in_time.append(False)
-        return in_time
+                late += 1
+        return late
 
-    heavies = [asyncio.create_task(heavy_caller(str(n))) for n in range(8)]
-    await asyncio.sleep(0.1)
-    try:
-        answered = [ok for got in await asyncio.gather(*(small_caller(str(n)) for n in range(8))) for ok in got]
-    finally:
-        stop = True
-        await asyncio.gather(*heavies)
-    assert sum(answered) >= 0.97 * len(answered), f"{len(answered) - sum(answered)} of {len(answered)} late"
+    async def late_beside(on: RedisBackend, name: str) -> int:
+        nonlocal stop
+        stop = False
+        heavies = [asyncio.create_task(heavy_caller(on, f"{name}:{n}")) for n in range(8)]
+        await asyncio.sleep(0.1)
+        try:
+            return sum(await asyncio.gather(*(small_caller(f"{name}:{n}") for n in range(8))))
+        finally:
+            stop = True
+            await asyncio.gather(*heavies)
+
+    shared = own = 0
+    for round_ in range(4):
+        own += await late_beside(apart, f"apart{round_}")
+        shared += await late_beside(backend, f"shared{round_}")
+    calls = 4 * 8 * 10
+    assert shared <= 2 * own + 0.05 * calls, f"{shared} of {calls} late beside heavy calls, {own} beside " \
+        "the same on a backend of their own"
     await backend.close()
+    await apart.close()
 
 
 async def test_a_caller_out_of_time_is_no_storage_error(write_config: Callable[..., Path],
